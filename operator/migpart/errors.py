@@ -1,0 +1,52 @@
+"""The small error vocabulary of migpart.
+
+Every layer raises one of these; the kopf handlers map them to PermanentError or
+TemporaryError in one place (`migpart.controller.errors`), the CLI maps them to exit codes.
+"""
+
+from __future__ import annotations
+
+
+class MigpartError(Exception):
+    """Base of every error migpart raises on purpose."""
+
+
+class InvalidInput(MigpartError):
+    """Input that can never be processed as given; `path` names the offending field."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+        self.message = message
+
+
+class UnknownModel(InvalidInput):
+    """A GPU model with no profile table (neither built in nor supplied)."""
+
+
+class UnknownProfile(InvalidInput):
+    """A MIG profile name that the GPU model does not offer."""
+
+
+class InvalidLayout(InvalidInput):
+    """A set of MIG instances that cannot coexist on one GPU."""
+
+
+class PlanInfeasible(MigpartError):
+    """No layout can serve a request; retrying does not help until something changes."""
+
+
+class GpuBusy(MigpartError):
+    """An instance cannot be destroyed because it is prepared for a claim or runs processes."""
+
+
+class NvmlFailure(MigpartError):
+    """An NVML call failed; `code` is the NVML return code when known."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class StaleSnapshot(MigpartError):
+    """The state a decision was based on changed underneath it; recompute and retry."""
