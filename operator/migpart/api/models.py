@@ -1,0 +1,417 @@
+"""pydantic models of the migpart CRDs: the single source of truth for `crds/*.yaml`.
+
+Every CRD body is parsed once at the boundary (`Model.model_validate(body)`) and dumped with
+`model.model_dump(by_alias=True, exclude_none=True, mode="json")`. Python attributes are
+snake_case, JSON is camelCase. The validation rules live twice on purpose: as pydantic
+validators (so `migpart plan` and unit tests reject bad input with a field path) and as OpenAPI
+constraints plus `x-kubernetes-validations` CEL rules in the generated CRDs (so the API server
+rejects bad objects before anything reads them). `migpart.api.crdgen` turns the pydantic JSON
+schema of these models into the CRDs; keep the CEL rules below in step with the validators.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+
+from migpart.mig.profiles import PROFILE_NAME_RE, ModelTable, Profile
+from migpart.planning.model import PolicyView, Spare
+
+GROUP = "migpart.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+DRIVER = "mig.migpart.io"
+DEVICE_CLASS = "mig.migpart.io"
+
+MIGNODE_KIND = "MigNode"
+MIGNODE_PLURAL = "mignodes"
+POLICY_KIND = "GpuPartitionPolicy"
+POLICY_PLURAL = "gpupartitionpolicies"
+
+# Bounds that keep the CEL rules within the API server's cost budget and objects small.
+MAX_PROFILES = 32
+MAX_SPARES = 16
+MAX_GPUS = 16
+MAX_INSTANCES_PER_GPU = 8
+MAX_PROFILE_NAME = 32
+
+ProfileName = Annotated[
+    str, StringConstraints(pattern=PROFILE_NAME_RE.pattern, max_length=MAX_PROFILE_NAME)
+]
+# Names read from NVML on a node are reported as they are, even if a future GPU uses a syntax
+# that the spec-side pattern does not know yet.
+ReportedProfileName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+NonNegative = Annotated[int, Field(ge=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, alias_generator=to_camel
+    )
+
+
+def _rules(*rules: dict[str, str]) -> dict[str, Any]:
+    """`json_schema_extra` carrying CEL rules for the CRD (see `migpart.api.crdgen`)."""
+    return {"x-kubernetes-validations": list(rules)}
+
+
+class Condition(_Model):
+    """A metav1.Condition: the state of one aspect of the object."""
+
+    type: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    status: Literal["True", "False", "Unknown"]
+    reason: Annotated[str, StringConstraints(max_length=128)]
+    message: Annotated[str, StringConstraints(max_length=4096)] = ""
+    last_transition_time: str | None = None
+    observed_generation: NonNegative | None = None
+
+
+def condition_status(conditions: list[Condition], type_: str) -> str | None:
+    """The status of the condition `type_`, or None when it is absent."""
+    for c in conditions:
+        if c.type == type_:
+            return c.status
+    return None
+
+
+# --------------------------------------------------------------------------- MigNode
+
+
+class MigInstanceSpec(_Model):
+    """One desired MIG instance: profile at a start index in memory-slice units."""
+
+    profile: ProfileName
+    start: Annotated[int, Field(ge=0, le=15)]
+
+
+class GpuSpec(_Model):
+    """The desired instances of one GPU (by NVML index)."""
+
+    index: Annotated[int, Field(ge=0, le=63)]
+    instances: Annotated[list[MigInstanceSpec], Field(max_length=MAX_INSTANCES_PER_GPU)] = []
+
+
+class MigNodeSpec(_Model):
+    """Desired layout; written by the operator only."""
+
+    plan_id: Annotated[str, StringConstraints(max_length=128)] | None = None
+    gpus: Annotated[list[GpuSpec], Field(max_length=MAX_GPUS)] = []
+
+
+class ProfileInfo(_Model):
+    """One GPU-instance profile as NVML reports it on the node."""
+
+    name: ReportedProfileName
+    compute_slices: NonNegative
+    memory_slices: NonNegative
+    placements: list[NonNegative]
+    max_instances: NonNegative
+    memory_mib: NonNegative = Field(alias="memoryMiB")
+    multiprocessors: NonNegative
+    copy_engines: NonNegative = 0
+    decoders: NonNegative = 0
+    encoders: NonNegative = 0
+    jpegs: NonNegative = 0
+    ofas: NonNegative = 0
+
+    @classmethod
+    def from_profile(cls, p: Profile) -> ProfileInfo:
+        return cls(
+            name=p.name,
+            compute_slices=p.compute_slices,
+            memory_slices=p.memory_slices,
+            placements=list(p.placements),
+            max_instances=p.max_instances,
+            memory_mib=p.memory_mib,
+            multiprocessors=p.multiprocessors,
+            copy_engines=p.copy_engines,
+            decoders=p.decoders,
+            encoders=p.encoders,
+            jpegs=p.jpegs,
+            ofas=p.ofas,
+        )
+
+    def to_profile(self) -> Profile:
+        return Profile(
+            name=self.name,
+            compute_slices=self.compute_slices,
+            memory_slices=self.memory_slices,
+            placements=tuple(self.placements),
+            max_instances=self.max_instances,
+            memory_mib=self.memory_mib,
+            multiprocessors=self.multiprocessors,
+            copy_engines=self.copy_engines,
+            decoders=self.decoders,
+            encoders=self.encoders,
+            jpegs=self.jpegs,
+            ofas=self.ofas,
+        )
+
+
+InstanceStateName = Literal["Free", "Prepared", "Busy"]
+
+
+class MigInstanceStatus(_Model):
+    """An existing MIG instance. `claims`: "namespace/name" of the claims prepared on it."""
+
+    profile: ReportedProfileName
+    start: NonNegative
+    uuid: str
+    state: InstanceStateName
+    claims: list[str] = []
+
+
+class GpuStatus(_Model):
+    """One GPU as the agent reads it from NVML."""
+
+    index: NonNegative
+    uuid: str
+    model: str
+    mig_enabled: bool
+    compute_slices: NonNegative
+    memory_slices: NonNegative
+    profiles: list[ProfileInfo] = []
+    instances: list[MigInstanceStatus] = []
+
+    def table(self) -> ModelTable:
+        """The profile table NVML reported for this GPU (wins over the built-in catalog)."""
+        return ModelTable(
+            model=self.model,
+            compute_slices=self.compute_slices,
+            memory_slices=self.memory_slices,
+            profiles=tuple(p.to_profile() for p in self.profiles),
+        )
+
+
+class MigNodeSummary(_Model):
+    """Counts for `kubectl get mn` (printer columns take JSONPath only, no arithmetic).
+
+    Filled by the agent with every status write (`MigNodeStatus.summarized`): `synced` is
+    `observedPlanId == spec.planId` at the time of the write.
+    """
+
+    gpus: NonNegative = 0
+    instances: NonNegative = 0
+    free: NonNegative = 0
+    synced: bool = False
+
+
+class MigNodeStatus(_Model):
+    """Actual layout and inventory; written by the agent only."""
+
+    observed_plan_id: Annotated[str, StringConstraints(max_length=128)] | None = None
+    gpus: list[GpuStatus] = []
+    conditions: list[Condition] = []
+    summary: MigNodeSummary | None = None
+
+    def summarized(self, plan_id: str | None) -> MigNodeStatus:
+        """This status with `summary` recomputed against the spec's `plan_id`."""
+        instances = [i for g in self.gpus for i in g.instances]
+        summary = MigNodeSummary(
+            gpus=len(self.gpus),
+            instances=len(instances),
+            free=sum(1 for i in instances if i.state == "Free"),
+            synced=self.observed_plan_id == plan_id,
+        )
+        return self.model_copy(update={"summary": summary})
+
+
+class MigNode(_Model):
+    """The MIG state of one node (cluster-scoped, named after the Node)."""
+
+    api_version: Literal["migpart.io/v1alpha1"] = "migpart.io/v1alpha1"
+    kind: Literal["MigNode"] = "MigNode"
+    metadata: dict[str, Any] = {}
+    spec: MigNodeSpec | None = None
+    status: MigNodeStatus | None = None
+
+
+# --------------------------------------------------------------------------- GpuPartitionPolicy
+
+PolicyMode = Literal["Active", "DryRun"]
+SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+
+_SELECTOR_VALUES_RULE = {
+    "rule": "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0)"
+    " : (!has(self.values) || size(self.values) == 0)",
+    "message": "values must be non-empty for operators In and NotIn, and empty for Exists and"
+    " DoesNotExist",
+    "fieldPath": ".values",
+    "reason": "FieldValueInvalid",
+}
+
+
+class LabelSelectorRequirement(_Model):
+    """A metav1.LabelSelectorRequirement."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(_SELECTOR_VALUES_RULE))
+
+    key: Annotated[str, StringConstraints(min_length=1, max_length=317)]
+    operator: SelectorOperator
+    values: Annotated[
+        list[Annotated[str, StringConstraints(max_length=63)]], Field(max_length=64)
+    ] = []
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> LabelSelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"values must be non-empty for operator {self.operator}")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"values must be empty for operator {self.operator}")
+        return self
+
+
+class LabelSelector(_Model):
+    """A metav1.LabelSelector over Node labels; empty selects every node with a MigNode."""
+
+    match_labels: Annotated[
+        dict[
+            Annotated[str, StringConstraints(max_length=317)],
+            Annotated[str, StringConstraints(max_length=63)],
+        ],
+        Field(max_length=64),
+    ] = {}
+    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] = []
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """Whether a node with `labels` is selected (metav1 semantics)."""
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for e in self.match_expressions:
+            present = e.key in labels
+            if e.operator == "In" and not (present and labels[e.key] in e.values):
+                return False
+            if e.operator == "NotIn" and present and labels[e.key] in e.values:
+                return False
+            if e.operator == "Exists" and not present:
+                return False
+            if e.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+
+_ALLOW_DENY_RULE = {
+    "rule": "!has(self.allow) || !has(self.deny) || !self.allow.exists(p, p in self.deny)",
+    "message": "spec.profiles: allow and deny must not name the same profile",
+    "reason": "FieldValueInvalid",
+}
+
+
+class ProfileFilter(_Model):
+    """Which profiles may be created. Empty `allow`: every profile the GPU offers."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(_ALLOW_DENY_RULE))
+
+    allow: Annotated[list[ProfileName], Field(max_length=MAX_PROFILES)] = []
+    deny: Annotated[list[ProfileName], Field(max_length=MAX_PROFILES)] = []
+
+    @model_validator(mode="after")
+    def _allow_deny_disjoint(self) -> ProfileFilter:
+        both = sorted(set(self.allow) & set(self.deny))
+        if both:
+            raise ValueError(
+                f"allow and deny must not name the same profile (both name {', '.join(both)})"
+            )
+        return self
+
+
+class SpareSpec(_Model):
+    """Keep `count` free instances of `profile` ready across the policy's nodes."""
+
+    profile: ProfileName
+    count: Annotated[int, Field(ge=0, le=1024)]
+
+
+class Reconfiguration(_Model):
+    """Disruption limits."""
+
+    batch_window_seconds: Annotated[int, Field(ge=0, le=3600)] = 2
+    max_concurrent_nodes: Annotated[int, Field(ge=1, le=1024)] = 1
+
+
+_SPARES_NOT_DENIED_RULE = {
+    "rule": "!has(self.spares) || !has(self.profiles) || !has(self.profiles.deny)"
+    " || self.spares.all(s, !(s.profile in self.profiles.deny))",
+    "message": "spec.spares: a spare profile must not be denied by spec.profiles.deny",
+    "fieldPath": ".spares",
+    "reason": "FieldValueInvalid",
+}
+_SPARES_ALLOWED_RULE = {
+    "rule": "!has(self.spares) || !has(self.profiles) || !has(self.profiles.allow)"
+    " || size(self.profiles.allow) == 0 || self.spares.all(s, s.profile in self.profiles.allow)",
+    "message": "spec.spares: a spare profile must be listed in spec.profiles.allow when allow is"
+    " set",
+    "fieldPath": ".spares",
+    "reason": "FieldValueInvalid",
+}
+
+
+class GpuPartitionPolicySpec(_Model):
+    """Which nodes migpart manages, which profiles it may create, how fast it may change them."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(_SPARES_NOT_DENIED_RULE, _SPARES_ALLOWED_RULE)
+    )
+
+    mode: PolicyMode = "Active"
+    priority: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    node_selector: LabelSelector = LabelSelector()
+    profiles: ProfileFilter = ProfileFilter()
+    spares: Annotated[list[SpareSpec], Field(max_length=MAX_SPARES)] = []
+    reconfiguration: Reconfiguration = Reconfiguration()
+
+    @model_validator(mode="after")
+    def _spares_permitted(self) -> GpuPartitionPolicySpec:
+        seen: set[str] = set()
+        for s in self.spares:
+            if s.profile in seen:
+                raise ValueError(f"spares: profile {s.profile} is listed twice")
+            seen.add(s.profile)
+            if s.profile in self.profiles.deny:
+                raise ValueError(f"spares: profile {s.profile} is denied by profiles.deny")
+            if self.profiles.allow and s.profile not in self.profiles.allow:
+                raise ValueError(f"spares: profile {s.profile} is not in profiles.allow")
+        return self
+
+    def policy_view(self) -> PolicyView:
+        """What this policy lets the planner do (empty `allow` means every profile)."""
+        return PolicyView(
+            allowed=frozenset(self.profiles.allow) if self.profiles.allow else None,
+            denied=frozenset(self.profiles.deny),
+            spares=tuple(Spare(s.profile, s.count) for s in self.spares if s.count > 0),
+        )
+
+
+class LastPlan(_Model):
+    """The outcome of the policy's most recent planning round."""
+
+    plan_id: str
+    time: str
+    duration_millis: Annotated[float, Field(ge=0)]
+    satisfied: NonNegative
+    unsatisfied: NonNegative
+    created: NonNegative
+    destroyed: NonNegative
+
+
+class GpuPartitionPolicyStatus(_Model):
+    """What the policy currently covers and what the operator last did; operator-written."""
+
+    observed_generation: NonNegative | None = None
+    nodes: NonNegative = 0
+    gpus: NonNegative = 0
+    pending_requests: NonNegative = 0
+    last_plan: LastPlan | None = None
+    conditions: list[Condition] = []
+
+
+class GpuPartitionPolicy(_Model):
+    """A GpuPartitionPolicy (cluster-scoped)."""
+
+    api_version: Literal["migpart.io/v1alpha1"] = "migpart.io/v1alpha1"
+    kind: Literal["GpuPartitionPolicy"] = "GpuPartitionPolicy"
+    metadata: dict[str, Any] = {}
+    spec: GpuPartitionPolicySpec = GpuPartitionPolicySpec()
+    status: GpuPartitionPolicyStatus | None = None
