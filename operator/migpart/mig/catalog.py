@@ -24,8 +24,11 @@ _EVEN4 = (0, 2, 4, 6)
 _EVEN3 = (0, 2, 4)
 
 
-def _seven_slice_rows(mem: tuple[str, str, str, str], mib: tuple[int, int, int, int],
-                      sms: tuple[int, int, int, int, int, int]) -> list[_Row]:
+def _seven_slice_rows(
+    mem: tuple[str, str, str, str],
+    mib: tuple[int, int, int, int],
+    sms: tuple[int, int, int, int, int, int],
+) -> list[_Row]:
     """The Hopper/Ampere/Blackwell 7-compute x 8-memory-slice geometry with model sizes.
 
     `mem`: the GB suffixes of the 1-slice, 2-slice, 4-slice and 8-slice memory profiles;
@@ -48,9 +51,20 @@ def _seven_slice_rows(mem: tuple[str, str, str, str], mib: tuple[int, int, int, 
 def _table(model: str, compute: int, memory: int, rows: list[_Row]) -> ModelTable:
     profiles = tuple(
         Profile(
-            name=r[0], compute_slices=r[1], memory_slices=r[2], placements=r[3],
-            max_instances=r[4], memory_mib=r[5], multiprocessors=r[6], copy_engines=r[7],
-            decoders=r[8], encoders=r[9], jpegs=r[10], ofas=r[11], nvml_index=r[12], nvml_id=r[13],
+            name=r[0],
+            compute_slices=r[1],
+            memory_slices=r[2],
+            placements=r[3],
+            max_instances=r[4],
+            memory_mib=r[5],
+            multiprocessors=r[6],
+            copy_engines=r[7],
+            decoders=r[8],
+            encoders=r[9],
+            jpegs=r[10],
+            ofas=r[11],
+            nvml_index=r[12],
+            nvml_id=r[13],
         )
         for r in rows
     )
@@ -110,8 +124,9 @@ def builtin_table(model: str) -> ModelTable | None:
     return CATALOG.get(model)
 
 
-def lookup_table(model: str, supplied: dict[str, ModelTable] | None = None,
-                 path: str = "model") -> ModelTable:
+def lookup_table(
+    model: str, supplied: dict[str, ModelTable] | None = None, path: str = "model"
+) -> ModelTable:
     """The table for `model`: a supplied one wins over the catalog."""
     if supplied and model in supplied:
         return supplied[model]

@@ -86,8 +86,9 @@ def check_layout(table: ModelTable, instances: Iterable[Instance], path: str = "
     problems = layout_problems(table, instances)
     if problems:
         prefix = f"{path}." if path else ""
-        raise InvalidLayout(f"{prefix}{problems[0].split(':', 1)[0]}",
-                            problems[0].split(": ", 1)[1])
+        raise InvalidLayout(
+            f"{prefix}{problems[0].split(':', 1)[0]}", problems[0].split(": ", 1)[1]
+        )
 
 
 def _state(table: ModelTable, instances: Iterable[Instance]) -> tuple[int, int, Counter[str]]:
@@ -112,14 +113,14 @@ def addable_placements(table: ModelTable, instances: Iterable[Instance]) -> list
         if compute + prof.compute_slices > table.compute_slices:
             continue
         out.extend(
-            Instance(prof.name, start)
-            for start in prof.placements
-            if not mask & prof.mask(start)
+            Instance(prof.name, start) for start in prof.placements if not mask & prof.mask(start)
         )
     return out
 
 
-def enumerate_layouts(table: ModelTable, kept: frozenset[Instance]) -> tuple[frozenset[Instance], ...]:
+def enumerate_layouts(
+    table: ModelTable, kept: frozenset[Instance]
+) -> tuple[frozenset[Instance], ...]:
     """Every valid layout that contains all of `kept` (itself valid), smallest first.
 
     These are the layouts reachable from any current layout whose non-kept instances may be

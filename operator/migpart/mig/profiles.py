@@ -86,6 +86,7 @@ class ModelTable:
             return self._by_name[name]
         except KeyError:
             raise UnknownProfile(
-                "", f"profile {name!r} is not offered by {self.model} "
-                f"(offered: {', '.join(self.profile_names)})"
+                "",
+                f"profile {name!r} is not offered by {self.model} "
+                f"(offered: {', '.join(self.profile_names)})",
             ) from None

@@ -50,7 +50,9 @@ def test_every_catalog_table_is_consistent(model: str) -> None:
     for prof in table.profiles:
         compute, _ = parse_profile_name(prof.name)
         assert compute == prof.compute_slices
-        assert all(0 <= s and s + prof.memory_slices <= table.memory_slices for s in prof.placements)
+        assert all(
+            s >= 0 and s + prof.memory_slices <= table.memory_slices for s in prof.placements
+        )
     # the whole GPU as one instance is a valid layout
     whole = next(p for p in table.profiles if p.compute_slices == table.compute_slices)
     assert not layout_problems(table, [Instance(whole.name, 0)])

@@ -1,0 +1,305 @@
+"""Run the testbed control plane: one process per component, all on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+from migpart.errors import MigpartError
+from migpart.testbed.build import build
+
+
+class TestbedError(MigpartError):
+    """A component of the control plane failed to start or died."""
+
+    __test__ = False  # not a pytest test class
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+KUBECONFIG_TEMPLATE = """apiVersion: v1
+kind: Config
+clusters:
+- name: testbed
+  cluster:
+    server: {server}
+    insecure-skip-tls-verify: true
+users:
+- name: admin
+  user:
+    token: {token}
+contexts:
+- name: testbed
+  context: {{cluster: testbed, user: admin}}
+current-context: testbed
+"""
+
+
+@dataclass
+class Testbed:
+    """etcd, kube-apiserver, kube-scheduler and kube-controller-manager on loopback.
+
+    Use as a context manager (`with Testbed(dir).running() as tb:`) or call `start()` and
+    `stop()`. `kubeconfig` exists only once the API server is ready.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    dir: Path
+    port: int = 0
+    binary: Path | None = None
+    startup_timeout_s: float = 120.0
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    _procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=list)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        """Run the testbed's own kubectl against this control plane; return stdout."""
+        assert self.binary is not None
+        proc = subprocess.run(
+            [str(self.binary), "kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise TestbedError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """Create a Ready Node with no kubelet behind it, schedulable (idempotent).
+
+        The API server taints new Nodes `not-ready` and no node lifecycle controller runs
+        here, so the taint is removed once the Ready condition is written.
+        """
+        label_lines = "".join(f"    {k}: {json.dumps(v)}\n" for k, v in (labels or {}).items())
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=(
+                f"apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n"
+                f"    kubernetes.io/hostname: {name}\n{label_lines}"
+            ),
+        )
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        resources = {"cpu": "128", "memory": "1Ti", "pods": "250"}
+        status = {
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "simulated node (no kubelet)",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        }
+        self.kubectl(
+            "patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status)
+        )
+        self.kubectl("taint", "node", name, "node.kubernetes.io/not-ready-", check=False)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Testbed]:
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+
+    def start(self) -> None:
+        self.binary = self.binary or build()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        self.kubeconfig.unlink(missing_ok=True)
+        self.port = self.port or free_port()
+        try:
+            self._start_components()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_components(self) -> None:
+        d = self.dir
+        etcd_port, peer_port = free_port(), free_port()
+        sched_port, kcm_port = free_port(), free_port()
+        sa_key = d / "sa.key"
+        if not sa_key.exists():
+            self._run_once("keygen", str(sa_key))
+        (d / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
+        self._spawn(
+            "etcd",
+            [
+                "--name",
+                "testbed",
+                "--data-dir",
+                str(d / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"testbed=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+            ],
+        )
+        self._spawn(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                f"--secure-port={self.port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--cert-dir={d / 'certs'}",
+                f"--token-auth-file={d / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={sa_key}",
+                f"--service-account-signing-key-file={sa_key}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                "--runtime-config=resource.k8s.io/v1=true",
+                # No kubelet creates default service accounts' tokens here; pods need none.
+                "--disable-admission-plugins=ServiceAccount",
+                "--endpoint-reconciler-type=none",
+                "--v=1",
+            ],
+        )
+        self._wait_ready(f"{self.server}/readyz", "kube-apiserver")
+        kubeconfig = KUBECONFIG_TEMPLATE.format(server=self.server, token=self.token)
+        partial = d / "kubeconfig.partial"
+        partial.write_text(kubeconfig)
+        control_kubeconfig = d / "control-plane.kubeconfig"
+        control_kubeconfig.write_text(kubeconfig)
+        self._spawn(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={control_kubeconfig}",
+                "--leader-elect=false",
+                f"--secure-port={sched_port}",
+                "--bind-address=127.0.0.1",
+                f"--authentication-kubeconfig={control_kubeconfig}",
+                f"--authorization-kubeconfig={control_kubeconfig}",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={control_kubeconfig}",
+                "--leader-elect=false",
+                f"--secure-port={kcm_port}",
+                "--bind-address=127.0.0.1",
+                f"--authentication-kubeconfig={control_kubeconfig}",
+                f"--authorization-kubeconfig={control_kubeconfig}",
+                # There are no kubelets: node lifecycle would taint every Node unreachable.
+                "--controllers=*,-node-lifecycle-controller,-serviceaccount-token-controller",
+                f"--service-account-private-key-file={sa_key}",
+                "--use-service-account-credentials=false",
+                "--v=1",
+            ],
+        )
+        self._wait_ready(f"https://127.0.0.1:{sched_port}/healthz", "kube-scheduler")
+        self._wait_ready(f"https://127.0.0.1:{kcm_port}/healthz", "kube-controller-manager")
+        partial.rename(self.kubeconfig)
+
+    def _run_once(self, *args: str) -> None:
+        assert self.binary is not None
+        subprocess.run([str(self.binary), *args], check=True, capture_output=True)
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        assert self.binary is not None
+        log = (self.dir / "logs" / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            [str(self.binary), name, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._procs.append((name, proc, log))
+
+    def check_alive(self) -> None:
+        for name, proc, _ in self._procs:
+            if proc.poll() is not None:
+                log = self.dir / "logs" / f"{name}.log"
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                raise TestbedError(f"{name} exited with {proc.returncode}; log {log}:\n{tail}")
+
+    def _wait_ready(self, url: str, name: str) -> None:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        deadline = time.monotonic() + self.startup_timeout_s
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.token}"})
+        last = ""
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(request, context=ctx, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise TestbedError(f"{name} not ready at {url} after {self.startup_timeout_s}s: {last}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every component (newest first), then SIGKILL what is left."""
+        for _, proc, _ in reversed(self._procs):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for _, proc, log in reversed(self._procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+        self._procs.clear()
