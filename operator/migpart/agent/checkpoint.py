@@ -1,0 +1,142 @@
+"""Which claims are prepared on which MIG instances, on disk so that it survives restarts.
+
+The checkpoint is the agent's promise to kubelet: an instance named here belongs to a running
+or starting pod and is never destroyed, whatever MigNode.spec says. It is written atomically
+(temporary file, fsync, rename, fsync of the directory) so that a crash leaves either the old
+or the new content, never a torn file. `lock` serializes the plugin's prepare with the
+reconciler's destroy, so a claim cannot be prepared on an instance in the instant that the
+reconciler decided it was free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One allocated device of a prepared claim and the MIG instance behind it."""
+
+    device: str
+    gpu: int
+    profile: str
+    start: int
+    uuid: str
+    cdi_id: str
+    requests: tuple[str, ...] = ()
+    pool: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class Checkpoint:
+    """The prepared claims of this node, loaded from and saved to `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = asyncio.Lock()
+        self._claims: dict[str, PreparedClaim] = {}
+        self.load()
+
+    def load(self) -> None:
+        """Read the file (a missing file is an empty checkpoint)."""
+        try:
+            raw = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            self._claims = {}
+            return
+        claims: dict[str, PreparedClaim] = {}
+        for uid, c in raw.get("claims", {}).items():
+            devices = tuple(
+                PreparedDevice(
+                    device=d["device"],
+                    gpu=int(d["gpu"]),
+                    profile=d["profile"],
+                    start=int(d["start"]),
+                    uuid=d["uuid"],
+                    cdi_id=d["cdi_id"],
+                    requests=tuple(d.get("requests", ())),
+                    pool=d.get("pool", ""),
+                )
+                for d in c["devices"]
+            )
+            claims[uid] = PreparedClaim(uid, c["namespace"], c["name"], devices)
+        self._claims = claims
+
+    def get(self, uid: str) -> PreparedClaim | None:
+        return self._claims.get(uid)
+
+    def claims(self) -> list[PreparedClaim]:
+        return sorted(self._claims.values(), key=lambda c: c.uid)
+
+    def prepared(self) -> dict[tuple[int, str, int], list[str]]:
+        """(gpu, profile, start) -> "namespace/name" of the claims prepared on the instance."""
+        out: dict[tuple[int, str, int], list[str]] = {}
+        for claim in self.claims():
+            for d in claim.devices:
+                out.setdefault((d.gpu, d.profile, d.start), []).append(claim.ref)
+        return out
+
+    def put(self, claim: PreparedClaim) -> None:
+        self._claims[claim.uid] = claim
+        self._save()
+
+    def remove(self, uid: str) -> None:
+        if self._claims.pop(uid, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        body = {
+            "version": VERSION,
+            "claims": {
+                uid: {
+                    "namespace": c.namespace,
+                    "name": c.name,
+                    "devices": [{**asdict(d), "requests": list(d.requests)} for d in c.devices],
+                }
+                for uid, c in sorted(self._claims.items())
+            },
+        }
+        atomic_write(self.path, json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that readers and crashes see old or new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,116 @@
+"""Where the kubelet plugin learns what a claim was allocated.
+
+kubelet's NodePrepareResources carries only a claim's namespace, name and UID; the devices the
+scheduler picked are in the ResourceClaim's `status.allocation`. `ClaimSource` hides where that
+comes from: the API server (`KubeClaims`) in a cluster, a dict (`InMemoryClaims`) in unit tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from migpart.api.models import DRIVER
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One entry of `status.allocation.devices.results` of a claim."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+
+
+class ClaimNotFound(LookupError):
+    """The claim does not exist, has another UID, or is not allocated."""
+
+
+class ClaimSource(Protocol):
+    async def allocation(self, namespace: str, name: str, uid: str) -> list[AllocatedDevice]:
+        """The allocated devices of the claim with this identity (every driver's)."""
+        ...
+
+
+def devices_of(claim: dict[str, Any], uid: str) -> list[AllocatedDevice]:
+    """Allocated devices of a ResourceClaim body, checking that it is the claim kubelet meant."""
+    meta = claim.get("metadata", {})
+    if meta.get("uid") != uid:
+        raise ClaimNotFound(
+            f"claim {meta.get('namespace')}/{meta.get('name')} has UID {meta.get('uid')}, "
+            f"kubelet asked for {uid}"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimNotFound(f"claim {meta.get('namespace')}/{meta.get('name')} is not allocated")
+    results = (allocation.get("devices") or {}).get("results") or []
+    return [
+        AllocatedDevice(r.get("request", ""), r["driver"], r["pool"], r["device"]) for r in results
+    ]
+
+
+class InMemoryClaims:
+    """`ClaimSource` over ResourceClaim bodies held in memory (tests)."""
+
+    def __init__(self) -> None:
+        self._claims: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def put(self, namespace: str, name: str, uid: str, results: list[AllocatedDevice]) -> None:
+        self._claims[(namespace, name)] = {
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": r.request,
+                                "driver": r.driver,
+                                "pool": r.pool,
+                                "device": r.device,
+                            }
+                            for r in results
+                        ]
+                    }
+                }
+            },
+        }
+
+    def delete(self, namespace: str, name: str) -> None:
+        self._claims.pop((namespace, name), None)
+
+    async def allocation(self, namespace: str, name: str, uid: str) -> list[AllocatedDevice]:
+        claim = self._claims.get((namespace, name))
+        if claim is None:
+            raise ClaimNotFound(f"claim {namespace}/{name} not found")
+        return devices_of(claim, uid)
+
+
+class KubeClaims:
+    """`ClaimSource` reading resource.k8s.io/v1 ResourceClaims from the API server."""
+
+    def __init__(self, api: ApiClient) -> None:
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        self._objects = CustomObjectsApi(api)
+
+    async def allocation(self, namespace: str, name: str, uid: str) -> list[AllocatedDevice]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            claim = await self._objects.get_namespaced_custom_object(
+                "resource.k8s.io", "v1", namespace, "resourceclaims", name
+            )
+        except ApiException as err:
+            if err.status == 404:
+                raise ClaimNotFound(f"claim {namespace}/{name} not found") from err
+            raise
+        return devices_of(claim, uid)
+
+
+def ours(devices: list[AllocatedDevice], node: str) -> list[AllocatedDevice]:
+    """The devices this node's plugin must prepare: our driver, our pool."""
+    return [d for d in devices if d.driver == DRIVER and d.pool == node]

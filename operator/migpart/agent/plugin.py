@@ -1,0 +1,249 @@
+"""The DRA kubelet plugin: kubelet asks it to prepare claims before a pod's containers start.
+
+Two gRPC servers on unix sockets, as kubelet expects them:
+- registration (pluginregistration v1) in kubelet's plugins_registry directory: kubelet finds
+  the socket, calls GetInfo and learns the driver name and the DRA endpoint;
+- the DRA node service (`v1.DRAPlugin` and `v1beta1.DRAPlugin`, kubelet 1.34 speaks both) on
+  the endpoint: NodePrepareResources / NodeUnprepareResources.
+
+Preparing a claim = reading its allocation from the API server, mapping each allocated device
+(`gpu-<i>-<profile>-<start>`) to the MIG instance NVML shows, writing a CDI spec, recording the
+claim in the checkpoint (from then on the instance is never destroyed) and returning the CDI ids.
+Both calls are idempotent: kubelet retries them and calls them again after restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from migpart.agent.cdi import CdiDevice, CdiWriter, cdi_id, cdi_name
+from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from migpart.agent.claims import ClaimNotFound, ClaimSource, ours
+from migpart.agent.proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
+from migpart.api.models import DRIVER
+from migpart.errors import MigpartError
+from migpart.mig import device_name
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from migpart.agent.backend import MigInstance, NvmlBackend
+
+log = structlog.get_logger("migpart.agent.plugin")
+
+SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+
+class PrepareError(Exception):
+    """A claim cannot be prepared (yet); the message goes back to kubelet, which retries."""
+
+
+class DraDriver:
+    """Prepare/unprepare logic, independent of the gRPC API version."""
+
+    def __init__(
+        self,
+        node: str,
+        backend: NvmlBackend,
+        claims: ClaimSource,
+        checkpoint: Checkpoint,
+        cdi: CdiWriter,
+    ) -> None:
+        self.node = node
+        self.backend = backend
+        self.claims = claims
+        self.checkpoint = checkpoint
+        self.cdi = cdi
+
+    async def _instances(self) -> dict[str, tuple[MigInstance, int]]:
+        """Device name -> (complete MIG instance, GPU minor) for every instance on the node."""
+        out = {}
+        for gpu in await self.backend.gpus():
+            if not gpu.mig_enabled:
+                continue
+            for inst in await self.backend.instances(gpu.index):
+                if inst.ci_id is not None and inst.uuid:
+                    out[device_name(gpu.index, inst.profile, inst.start)] = (inst, gpu.minor)
+        return out
+
+    async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+        done = self.checkpoint.get(claim.uid)
+        if done is not None:
+            return list(done.devices)
+        try:
+            allocated = ours(
+                await self.claims.allocation(claim.namespace, claim.name, claim.uid), self.node
+            )
+        except ClaimNotFound as err:
+            raise PrepareError(str(err)) from err
+        async with self.checkpoint.lock:  # no destroy can run between the check and the record
+            done = self.checkpoint.get(claim.uid)
+            if done is not None:
+                return list(done.devices)
+            present = await self._instances()
+            devices: list[PreparedDevice] = []
+            cdi_devices: list[CdiDevice] = []
+            for a in allocated:
+                found = present.get(a.device)
+                if found is None:
+                    raise PrepareError(f"device {a.device} does not exist on node {self.node}")
+                inst, minor = found
+                name = cdi_name(claim.uid, a.device)
+                assert inst.ci_id is not None
+                cdi_devices.append(CdiDevice(name, minor, inst.gi_id, inst.ci_id, inst.uuid))
+                devices.append(
+                    PreparedDevice(
+                        a.device,
+                        inst.gpu,
+                        inst.profile,
+                        inst.start,
+                        inst.uuid,
+                        cdi_id(name),
+                        (a.request,),
+                        a.pool,
+                    )
+                )
+            self.cdi.write(claim.uid, cdi_devices)
+            self.checkpoint.put(
+                PreparedClaim(claim.uid, claim.namespace, claim.name, tuple(devices))
+            )
+        log.info(
+            "claim_prepared",
+            claim=f"{claim.namespace}/{claim.name}",
+            uid=claim.uid,
+            devices=[d.device for d in devices],
+        )
+        return devices
+
+    async def unprepare(self, claim: ClaimRef) -> None:
+        async with self.checkpoint.lock:
+            self.cdi.remove(claim.uid)
+            self.checkpoint.remove(claim.uid)
+        log.info("claim_unprepared", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid)
+
+
+def _make_servicer(pb2: Any, base: type) -> type:
+    """A DRAPlugin servicer for one API version (v1 and v1beta1 share messages)."""
+
+    class Servicer(base):  # type: ignore[misc]
+        def __init__(self, driver: DraDriver) -> None:
+            self.driver = driver
+
+        async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+            response = pb2.NodePrepareResourcesResponse()
+            for c in request.claims:
+                out = response.claims[c.uid]
+                try:
+                    devices = await self.driver.prepare(ClaimRef(c.namespace, c.uid, c.name))
+                except (PrepareError, MigpartError) as err:
+                    out.error = str(err)
+                    log.warning(
+                        "claim_prepare_failed", claim=f"{c.namespace}/{c.name}", error=str(err)
+                    )
+                    continue
+                for d in devices:
+                    out.devices.append(
+                        pb2.Device(
+                            request_names=list(d.requests),
+                            pool_name=d.pool,
+                            device_name=d.device,
+                            cdi_device_ids=[d.cdi_id],
+                        )
+                    )
+            return response
+
+        async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+            response = pb2.NodeUnprepareResourcesResponse()
+            for c in request.claims:
+                out = response.claims[c.uid]
+                try:
+                    await self.driver.unprepare(ClaimRef(c.namespace, c.uid, c.name))
+                except OSError as err:
+                    out.error = str(err)
+            return response
+
+    return Servicer
+
+
+V1Servicer = _make_servicer(dra_v1_pb2, dra_v1_pb2_grpc.DRAPluginServicer)
+V1beta1Servicer = _make_servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer)
+
+
+class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
+    """Tells kubelet who we are and where the DRA service listens."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.registered: bool | None = None
+        self.error = ""
+
+    async def GetInfo(self, request: Any, context: Any) -> Any:
+        return pluginregistration_v1_pb2.PluginInfo(
+            type="DRAPlugin",
+            name=DRIVER,
+            endpoint=self.endpoint,
+            supported_versions=SUPPORTED_VERSIONS,
+        )
+
+    async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        self.registered = bool(request.plugin_registered)
+        self.error = str(request.error)
+        log.info("plugin_registration_notified", registered=self.registered, error=self.error)
+        return pluginregistration_v1_pb2.RegistrationStatusResponse()
+
+
+class KubeletPlugin:
+    """Both gRPC servers; `start()` binds the sockets, `stop()` removes them."""
+
+    def __init__(self, driver: DraDriver, plugin_dir: Path, registration_dir: Path) -> None:
+        self.driver = driver
+        self.plugin_socket = plugin_dir / "dra.sock"
+        self.registration_socket = registration_dir / f"{DRIVER}-reg.sock"
+        self.registration = RegistrationServicer(str(self.plugin_socket))
+        self._servers: list[grpc.aio.Server] = []
+
+    async def start(self) -> None:
+        dra = grpc.aio.server()
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(V1Servicer(self.driver), dra)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(self.driver), dra)
+        reg = grpc.aio.server()
+        pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
+        # The registration socket goes last: once kubelet sees it, the endpoint must answer.
+        for server, socket in ((dra, self.plugin_socket), (reg, self.registration_socket)):
+            socket.parent.mkdir(parents=True, exist_ok=True)
+            socket.unlink(missing_ok=True)  # a stale socket from a previous run
+            server.add_insecure_port(f"unix://{socket}")
+            await server.start()
+            self._servers.append(server)
+        log.info(
+            "kubelet_plugin_started",
+            endpoint=str(self.plugin_socket),
+            registration=str(self.registration_socket),
+        )
+
+    async def stop(self) -> None:
+        for server in reversed(self._servers):
+            await server.stop(grace=1.0)
+        self._servers.clear()
+        for socket in (self.registration_socket, self.plugin_socket):
+            with contextlib.suppress(FileNotFoundError):
+                socket.unlink()

@@ -1,0 +1,272 @@
+"""Make the node's MIG instances match MigNode.spec, without ever breaking a workload.
+
+`reconcile_once` is level-triggered: it reads NVML, compares with the spec, destroys what the
+spec no longer lists (free instances only), creates what is missing, and reports what it found.
+It keeps no memory between runs, so a reconciler killed at any point and started again simply
+converges from whatever NVML shows. Safety rules, enforced here and nowhere else:
+
+- an instance prepared for a claim (checkpoint) or running processes (NVML) is never destroyed,
+  even when the spec drops it; it is kept and reported as Degraded naming the instance;
+- the prepared/busy check is repeated under the checkpoint lock right before the NVML call;
+- GPUs the spec does not mention, and every GPU while the spec has no plan yet, are left alone;
+- `observedPlanId` becomes the spec's planId only when every managed GPU equals its spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import pynvml
+import structlog
+
+from migpart.api.models import (
+    Condition,
+    GpuStatus,
+    MigInstanceStatus,
+    MigNodeSpec,
+    MigNodeStatus,
+    ProfileInfo,
+)
+from migpart.errors import GpuBusy, NvmlFailure
+from migpart.mig import Instance, layout_problems
+
+if TYPE_CHECKING:
+    from migpart.agent.backend import GpuInfo, MigInstance, NvmlBackend
+    from migpart.agent.checkpoint import Checkpoint
+    from migpart.api.models import InstanceStateName
+    from migpart.mig import ModelTable
+
+log = structlog.get_logger("migpart.agent.reconciler")
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One NVML change the reconciler made."""
+
+    kind: Literal["create", "destroy"]
+    gpu: int
+    profile: str
+    start: int
+
+
+@dataclass
+class ReconcileResult:
+    status: MigNodeStatus
+    ops: list[Op]
+    problems: list[str] = field(default_factory=list)
+    converged: bool = False
+
+
+@dataclass
+class _Gpu:
+    info: GpuInfo
+    table: ModelTable
+    actual: list[MigInstance]
+
+
+def _key(i: MigInstance) -> Instance:
+    return Instance(i.profile, i.start)
+
+
+async def _busy_reason(
+    backend: NvmlBackend, checkpoint: Checkpoint, inst: MigInstance
+) -> str | None:
+    """Why `inst` must not be destroyed, or None when it is free."""
+    claims = checkpoint.prepared().get((inst.gpu, inst.profile, inst.start))
+    if claims:
+        return f"prepared for claim {', '.join(claims)}"
+    if inst.ci_id is None:
+        return None  # no compute instance: no MIG device, no process can run on it
+    pids = await backend.processes(inst.gpu, inst.profile, inst.start)
+    if pids:
+        return f"running processes {', '.join(map(str, pids))}"
+    return None
+
+
+async def read_gpus(backend: NvmlBackend) -> list[_Gpu]:
+    out = []
+    for info in await backend.gpus():
+        table = await backend.profile_table(info.index)
+        actual = await backend.instances(info.index) if info.mig_enabled else []
+        out.append(_Gpu(info, table, actual))
+    return out
+
+
+def _managed(spec: MigNodeSpec | None) -> dict[int, set[Instance]]:
+    """Desired instances by GPU index; empty when the spec expresses no plan yet."""
+    if spec is None or (spec.plan_id is None and not spec.gpus):
+        return {}
+    return {g.index: {Instance(i.profile, i.start) for i in g.instances} for g in spec.gpus}
+
+
+async def reconcile_once(
+    spec: MigNodeSpec | None,
+    backend: NvmlBackend,
+    checkpoint: Checkpoint,
+    *,
+    previous: MigNodeStatus | None = None,
+    now: str | None = None,
+) -> ReconcileResult:
+    """Converge NVML towards `spec` once and return the resulting status and the ops done."""
+    desired = _managed(spec)
+    ops: list[Op] = []
+    problems: list[str] = []
+    kept: list[str] = []
+    gpus = await read_gpus(backend)
+    by_index = {g.info.index: g for g in gpus}
+    for index in sorted(desired):
+        if index not in by_index:
+            problems.append(f"gpus[{index}]: no such GPU on this node")
+    for g in gpus:
+        want = desired.get(g.info.index)
+        if want is None:
+            continue
+        where = f"GPU {g.info.index}"
+        if not g.info.mig_enabled:
+            if want:
+                problems.append(f"{where}: MIG mode is disabled")
+            continue
+        invalid = layout_problems(g.table, sorted(want))
+        if invalid:
+            problems.append(f"{where}: desired layout is invalid: {invalid[0]}")
+            continue
+        # Destroy first: new instances usually need the memory slices the old ones hold.
+        for inst in g.actual:
+            if _key(inst) in want and inst.ci_id is not None:
+                continue
+            name = f"{inst.profile}@{inst.start} on {where}"
+            async with checkpoint.lock:
+                reason = await _busy_reason(backend, checkpoint, inst)
+                if reason is None:
+                    try:
+                        await backend.destroy(inst.gpu, inst.profile, inst.start)
+                    except GpuBusy as err:
+                        reason = f"in use ({err})"
+                    except NvmlFailure as err:
+                        if err.code != pynvml.NVML_ERROR_NOT_FOUND:
+                            raise
+            if reason is not None:
+                kept.append(f"{name} kept: {reason}")
+                log.warning(
+                    "mig_instance_kept",
+                    gpu=inst.gpu,
+                    profile=inst.profile,
+                    start=inst.start,
+                    reason=reason,
+                )
+                continue
+            ops.append(Op("destroy", inst.gpu, inst.profile, inst.start))
+            log.info("mig_instance_destroyed", gpu=inst.gpu, profile=inst.profile, start=inst.start)
+        present = {_key(i) for i in await backend.instances(g.info.index) if i.ci_id is not None}
+        for inst_key in sorted(want - present):
+            try:
+                await backend.create(g.info.index, inst_key.profile, inst_key.start)
+            except NvmlFailure as err:
+                if err.code != pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES:
+                    raise
+                problems.append(
+                    f"{inst_key.profile}@{inst_key.start} on {where} not created: "
+                    "blocked by a kept instance"
+                )
+                continue
+            ops.append(Op("create", g.info.index, inst_key.profile, inst_key.start))
+            log.info(
+                "mig_instance_created",
+                gpu=g.info.index,
+                profile=inst_key.profile,
+                start=inst_key.start,
+            )
+    status, converged = await observe(backend, checkpoint, desired)
+    if problems or kept:
+        converged = False
+    plan_id = spec.plan_id if spec is not None else None
+    observed = plan_id if converged else (previous.observed_plan_id if previous else None)
+    conditions = _conditions(converged, kept, problems, previous, now)
+    status = status.model_copy(update={"observed_plan_id": observed, "conditions": conditions})
+    return ReconcileResult(status.summarized(plan_id), ops, kept + problems, converged)
+
+
+async def observe(
+    backend: NvmlBackend, checkpoint: Checkpoint, desired: dict[int, set[Instance]]
+) -> tuple[MigNodeStatus, bool]:
+    """The node's MIG state as NVML shows it, and whether it equals `desired`."""
+    prepared = checkpoint.prepared()
+    converged = True
+    out = []
+    for g in await read_gpus(backend):
+        rows = []
+        for inst in g.actual:
+            claims = prepared.get((inst.gpu, inst.profile, inst.start), [])
+            pids = (
+                await backend.processes(inst.gpu, inst.profile, inst.start)
+                if inst.ci_id is not None
+                else []
+            )
+            state: InstanceStateName = "Busy" if pids else "Prepared" if claims else "Free"
+            rows.append(
+                MigInstanceStatus(
+                    profile=inst.profile,
+                    start=inst.start,
+                    uuid=inst.uuid,
+                    state=state,
+                    claims=claims,
+                )
+            )
+        want = desired.get(g.info.index)
+        complete = {_key(i) for i in g.actual if i.ci_id is not None}
+        if want is not None and (complete != want or len(g.actual) != len(complete)):
+            converged = False
+        out.append(
+            GpuStatus(
+                index=g.info.index,
+                uuid=g.info.uuid,
+                model=g.info.model,
+                mig_enabled=g.info.mig_enabled,
+                compute_slices=g.table.compute_slices,
+                memory_slices=g.table.memory_slices,
+                profiles=[ProfileInfo.from_profile(p) for p in g.table.profiles],
+                instances=rows,
+            )
+        )
+    return MigNodeStatus(gpus=out), converged
+
+
+def _condition(
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    previous: MigNodeStatus | None,
+    now: str | None,
+) -> Condition:
+    value: Literal["True", "False"] = "True" if status else "False"
+    since = now
+    for old in previous.conditions if previous else []:
+        if old.type == type_ and old.status == value:
+            since = old.last_transition_time or now
+    return Condition(
+        type=type_, status=value, reason=reason, message=message[:4000], last_transition_time=since
+    )
+
+
+def _conditions(
+    converged: bool,
+    kept: list[str],
+    problems: list[str],
+    previous: MigNodeStatus | None,
+    now: str | None,
+) -> list[Condition]:
+    message = "; ".join(kept + problems)
+    degraded_reason = "InstancesKept" if kept else "SpecNotApplied" if problems else "AsExpected"
+    return [
+        _condition(
+            "Ready",
+            converged,
+            "Converged" if converged else "NotConverged",
+            "" if converged else message or "reconfiguring",
+            previous,
+            now,
+        ),
+        _condition("Degraded", bool(message), degraded_reason, message, previous, now),
+    ]

@@ -1,0 +1,152 @@
+"""The simulator reports what real NVML reports and fails the way real NVML fails."""
+
+from __future__ import annotations
+
+import json
+
+import pynvml
+import pytest
+
+from migpart.agent.simulator import SimulatedNvml, mig_uuid, parse_simulate
+from migpart.errors import GpuBusy, NvmlFailure
+from tests.conftest import FIXTURES
+from tests.unit.agent.conftest import H100, H200
+
+
+@pytest.mark.parametrize("dump", ["h100-80gb-hbm3.nvml.json", "h200-141gb.nvml.json"])
+async def test_simulator_profile_info_equals_nvml_dump(dump: str) -> None:
+    device = json.loads((FIXTURES / "nvml" / dump).read_text())["devices"][0]
+    sim = SimulatedNvml([(device["name"], 1)])
+    table = await sim.profile_table(0)
+    raw_profiles = [p for p in device["gi_profiles"] if "err" not in p]
+    assert [p.nvml_index for p in table.profiles] == [p["profile_index"] for p in raw_profiles]
+    for raw, prof in zip(raw_profiles, table.profiles, strict=True):
+        assert f"MIG {prof.name}" == raw["name"]
+        assert prof.nvml_id == raw["id"]
+        assert prof.compute_slices == raw["sliceCount"]
+        assert prof.max_instances == raw["instanceCount"]
+        assert prof.multiprocessors == raw["multiprocessorCount"]
+        assert prof.copy_engines == raw["copyEngineCount"]
+        assert prof.decoders == raw["decoderCount"]
+        assert prof.encoders == raw["encoderCount"]
+        assert prof.jpegs == raw["jpegCount"]
+        assert prof.ofas == raw["ofaCount"]
+        assert prof.memory_mib == raw["memorySizeMB"]
+        assert [[s, prof.memory_slices] for s in prof.placements] == raw["placements"]
+    assert (await sim.gpus())[0].model == device["name"]
+
+
+async def test_create_list_destroy_round_trip(sim: SimulatedNvml) -> None:
+    made = await sim.create(0, "3g.40gb", 4)
+    assert made.uuid == mig_uuid((await sim.gpus())[0].uuid, made.gi_id)
+    assert [(i.profile, i.start) for i in await sim.instances(0)] == [("3g.40gb", 4)]
+    assert await sim.instances(1) == []
+    await sim.destroy(0, "3g.40gb", 4)
+    assert await sim.instances(0) == []
+    assert sim.calls == [
+        "create_gi 0 3g.40gb@4",
+        "create_ci 0 3g.40gb@4",
+        "destroy_ci 0 3g.40gb@4",
+        "destroy_gi 0 3g.40gb@4",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("existing", "profile", "start", "code"),
+    [
+        ([("3g.40gb", 0)], "1g.10gb", 2, pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES),  # overlap
+        ([("1g.10gb+me", 0)], "1g.10gb+me", 1, pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES),  # limit
+        ([("4g.40gb", 0), ("2g.20gb", 4)], "1g.20gb", 6, None),  # exactly 7 compute slices
+        ([], "3g.40gb", 2, pynvml.NVML_ERROR_INVALID_ARGUMENT),  # not a placement
+        ([], "5g.50gb", 0, pynvml.NVML_ERROR_INVALID_ARGUMENT),  # not a profile
+    ],
+)
+async def test_create_fails_like_nvml(
+    sim: SimulatedNvml,
+    existing: list[tuple[str, int]],
+    profile: str,
+    start: int,
+    code: int | None,
+) -> None:
+    for p, s in existing:
+        await sim.create(0, p, s)
+    if code is None:
+        await sim.create(0, profile, start)
+        return
+    with pytest.raises(NvmlFailure) as info:
+        await sim.create(0, profile, start)
+    assert info.value.code == code
+    assert len(await sim.instances(0)) == len(existing)
+
+
+async def test_compute_slices_are_exhausted_before_memory() -> None:
+    sim = SimulatedNvml([(H100, 1)])
+    for start in range(7):
+        await sim.create(0, "1g.10gb", start)
+    # memory slice 7 is free, but all 7 compute slices are used
+    await sim.destroy(0, "1g.10gb", 6)
+    await sim.create(0, "1g.20gb", 6)
+    with pytest.raises(NvmlFailure) as info:
+        await sim.create(0, "1g.10gb", 6)
+    assert info.value.code == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+
+
+async def test_destroy_with_processes_is_in_use_and_missing_is_not_found(
+    sim: SimulatedNvml,
+) -> None:
+    inst = await sim.create(0, "1g.10gb", 3)
+    sim.add_process(inst.uuid, 4242)
+    assert await sim.processes(0, "1g.10gb", 3) == [4242]
+    with pytest.raises(GpuBusy):
+        await sim.destroy(0, "1g.10gb", 3)
+    sim.remove_process(inst.uuid, 4242)
+    await sim.destroy(0, "1g.10gb", 3)
+    with pytest.raises(NvmlFailure) as info:
+        await sim.destroy(0, "1g.10gb", 3)
+    assert info.value.code == pynvml.NVML_ERROR_NOT_FOUND
+
+
+async def test_failed_compute_instance_rolls_back_gpu_instance(sim: SimulatedNvml) -> None:
+    sim.fail_next("create_ci", pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    with pytest.raises(NvmlFailure):
+        await sim.create(0, "2g.20gb", 0)
+    assert await sim.instances(0) == []
+
+
+async def test_uuids_are_deterministic_per_node() -> None:
+    a1 = SimulatedNvml([(H100, 1)], node="a")
+    a2 = SimulatedNvml([(H100, 1)], node="a")
+    b = SimulatedNvml([(H100, 1)], node="b")
+    assert (await a1.gpus())[0].uuid == (await a2.gpus())[0].uuid != (await b.gpus())[0].uuid
+    assert (await a1.create(0, "7g.80gb", 0)).uuid == (await a2.create(0, "7g.80gb", 0)).uuid
+
+
+async def test_latency_is_awaited_not_blocking() -> None:
+    sim = SimulatedNvml([(H100, 1)], latency_s=0.001)
+    await sim.create(0, "7g.80gb", 0)
+    assert len(await sim.instances(0)) == 1
+
+
+async def test_mig_disabled_gpu_refuses_mig_calls() -> None:
+    sim = SimulatedNvml([(H100, 1)], mig_enabled=False)
+    with pytest.raises(NvmlFailure) as info:
+        await sim.create(0, "7g.80gb", 0)
+    assert info.value.code == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        (f"{H100}:8", [(H100, 8)]),
+        (f"{H100}:2, {H200}:1", [(H100, 2), (H200, 1)]),
+        (H200, [(H200, 1)]),
+    ],
+)
+def test_parse_simulate(text: str, parsed: list[tuple[str, int]]) -> None:
+    assert parse_simulate(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["", "NVIDIA Z9000:1", f"{H100}:0", f"{H100}:x"])
+def test_parse_simulate_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="--simulate"):
+        parse_simulate(text)
