@@ -1,0 +1,132 @@
+"""`migpart demo`: the whole of migpart on one machine, in a few minutes.
+
+Starts the testbed control plane, `--nodes` simulated nodes with 8 H100s each (one real
+`migpart agent --simulate` process per node), the real `migpart operator`, applies a policy, and
+replays an accelerated stretch of the Alibaba GPU trace as pods with ResourceClaims while a
+live view shows pods, GPU layouts and repartitions. Ends with one summary line. Everything it
+started is stopped on exit or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from kubernetes_asyncio import config
+
+from migpart.demo.cluster import REPO, LocalCluster
+from migpart.demo.kubelet import SimKubelet
+from migpart.demo.replay import Replay, Stats
+from migpart.demo.trace import TracePod, accelerate, load_trace
+from migpart.mig import lookup_table
+from migpart.testbed import Testbed
+
+POLICY = """apiVersion: migpart.io/v1alpha1
+kind: GpuPartitionPolicy
+metadata: {name: demo}
+spec:
+  mode: Active
+  nodeSelector: {matchLabels: {migpart.io/demo: "true"}}
+  reconfiguration: {batchWindowSeconds: 1, maxConcurrentNodes: 2}
+"""
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="migpart demo", description=__doc__)
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of replay")
+    p.add_argument("--nodes", type=int, default=2, help="simulated GPU nodes (>= 1)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--model", default="NVIDIA H100 80GB HBM3")
+    p.add_argument("--pods", type=int, default=0, help="trace pods to replay (0: 12 per node)")
+    p.add_argument("--offset", type=int, default=0, help="first trace row (GPU tasks only)")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=REPO / "tests" / "fixtures" / "traces" / "openb_pod_list_default.csv",
+    )
+    p.add_argument(
+        "--sim-latency-ms",
+        type=float,
+        default=50.0,
+        help="simulated NVML latency per create/destroy",
+    )
+    p.add_argument("--dir", type=Path, default=None, help="work dir (default: a temp dir)")
+    args = p.parse_args(argv)
+    if args.nodes < 1 or args.duration <= 0 or args.gpus_per_node < 1:
+        p.error("--nodes, --gpus-per-node and --duration must be positive")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    work = args.dir or Path(tempfile.mkdtemp(prefix="migpart-demo-"))
+    table = lookup_table(args.model, None, "--model")
+    count = args.pods or 12 * args.nodes
+    pods = accelerate(
+        load_trace(args.trace, table, offset=args.offset, limit=count),
+        span_s=args.duration * 0.6,
+        min_life_s=5.0,
+        max_life_s=args.duration / 3,
+    )
+    print(f"migpart demo: work dir {work}; starting the control plane ...", flush=True)
+    testbed = Testbed(work / "testbed")
+    cluster = LocalCluster(testbed, work)
+    try:
+        testbed.start()
+        cluster.install()
+        for i in range(args.nodes):
+            cluster.add_gpu_node(
+                f"gpu-node-{i + 1}",
+                f"{args.model}:{args.gpus_per_node}",
+                {"migpart.io/demo": "true"},
+                args.sim_latency_ms,
+            )
+        cluster.wait_for("every agent to report its GPUs", lambda: _agents_ready(cluster))
+        testbed.kubectl("apply", "-f", "-", input=POLICY)
+        cluster.start_operator()
+        print(
+            f"replaying {len(pods)} trace pods over {args.duration:.0f}s "
+            f"(logs in {work / 'logs'}) ...",
+            flush=True,
+        )
+        memory = {p.name: p.memory_mib for p in table.profiles}
+        stats = asyncio.run(_replay(cluster, pods, args.duration, memory))
+        cluster.check_alive()
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping everything", file=sys.stderr)
+        return 130
+    finally:
+        cluster.stop()
+        testbed.stop()
+    print(stats.summary(), flush=True)
+    return 0 if stats.destroyed_in_use == 0 else 1
+
+
+def _agents_ready(cluster: LocalCluster) -> bool:
+    out = cluster.testbed.kubectl("get", "mignodes", "-o", "json", check=False)
+    if not out:
+        return False
+    ready = {
+        n["metadata"]["name"]
+        for n in json.loads(out)["items"]
+        if (n.get("status") or {}).get("gpus")
+    }
+    return set(cluster.nodes) <= ready
+
+
+async def _replay(
+    cluster: LocalCluster, pods: list[TracePod], duration_s: float, memory: dict[str, int]
+) -> Stats:
+    api = await config.new_client_from_config(config_file=str(cluster.testbed.kubeconfig))
+    kubelet = SimKubelet(api, {n.name: n.plugin_socket for n in cluster.nodes.values()})
+    try:
+        replay = Replay(api, kubelet, pods, duration_s)
+        await replay.setup(memory)
+        return await replay.run()
+    finally:
+        await kubelet.close()
+        await api.close()

@@ -1,0 +1,245 @@
+"""Replay trace pods against a local cluster, show what happens live, and summarise.
+
+Claims are DRA ResourceClaimTemplates selecting MIG devices by profile (or, for variety, by
+memory capacity through `quantity()`), so the operator's real CEL evaluation decides which
+profiles serve them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from kubernetes_asyncio import client
+
+from migpart import DRIVER_NAME
+from migpart.demo.kubelet import SimKubelet
+from migpart.demo.trace import TracePod
+from migpart.mig import device_name
+
+NAMESPACE = "migpart-demo"
+
+
+def template_name(profile: str, count: int) -> str:
+    return f"mig-{profile.replace('.', '').replace('+', '')}-x{count}"
+
+
+def claim_template(profile: str, count: int, by_memory_mib: int | None = None) -> dict[str, Any]:
+    """A ResourceClaimTemplate for `count` devices of `profile` (or of at least that memory)."""
+    if by_memory_mib is None:
+        expression = f'device.attributes["{DRIVER_NAME}"].profile == "{profile}"'
+    else:
+        expression = (
+            f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{by_memory_mib}Mi")) >= 0'
+        )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": template_name(profile, count), "namespace": NAMESPACE},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": DRIVER_NAME,
+                                "count": count,
+                                "selectors": [{"cel": {"expression": expression}}],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def pod_body(name: str, template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "migpart-demo"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "work",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+@dataclass
+class PodTrack:
+    pod: TracePod
+    created_at: float
+    bound_at: float | None = None
+    node: str | None = None
+    finished: bool = False
+
+
+@dataclass
+class Stats:
+    created: int = 0
+    served: int = 0
+    finished: int = 0
+    waits_s: list[float] = field(default_factory=list)
+    repartitions: int = 0
+    destroyed_in_use: int = 0
+    plan_ids: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        mean = sum(self.waits_s) / len(self.waits_s) if self.waits_s else 0.0
+        return (
+            f"served {self.served}/{self.created} pods, mean wait {mean:.1f} s, "
+            f"repartitions {self.repartitions}, destroyed-in-use {self.destroyed_in_use}"
+        )
+
+
+class Replay:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        kubelet: SimKubelet,
+        pods: list[TracePod],
+        duration_s: float,
+        out: TextIO = sys.stdout,
+        by_memory: bool = True,
+    ) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.resource = client.ResourceV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.kubelet = kubelet
+        self.pods = pods
+        self.duration_s = duration_s
+        self.out = out
+        self.by_memory = by_memory
+        self.stats = Stats()
+        self.tracks: dict[str, PodTrack] = {}
+        self.mignodes: list[dict[str, Any]] = []
+        self.seen_devices: dict[str, set[str]] = {}
+        self.events: list[str] = []
+
+    async def setup(self, tables: dict[str, int]) -> None:
+        """Namespace and one claim template per (profile, count) the replay uses."""
+        try:
+            namespace: Any = {"metadata": {"name": NAMESPACE}}
+            await self.core.create_namespace(namespace)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+        for i, (profile, count) in enumerate(sorted({(p.profile, p.count) for p in self.pods})):
+            # Every other single-device template asks by memory, not by name.
+            by_memory = tables.get(profile) if self.by_memory and count == 1 and i % 2 else None
+            body: Any = claim_template(profile, count, by_memory)
+            try:
+                await self.resource.create_namespaced_resource_claim_template(NAMESPACE, body)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+
+    async def run(self) -> Stats:
+        start = time.monotonic()
+        queue = sorted(self.pods, key=lambda p: p.created_s)
+        next_draw = 0.0
+        while (now := time.monotonic() - start) < self.duration_s:
+            while queue and queue[0].created_s <= now:
+                await self._create(queue.pop(0), time.monotonic())
+            await self._observe(time.monotonic())
+            if now >= next_draw:
+                self._draw(now)
+                next_draw = now + 1.0
+            await asyncio.sleep(0.25)
+        self._draw(self.duration_s)
+        return self.stats
+
+    async def _create(self, pod: TracePod, at: float) -> None:
+        name = pod.name.lower()
+        body: Any = pod_body(name, template_name(pod.profile, pod.count))
+        await self.core.create_namespaced_pod(NAMESPACE, body)
+        self.tracks[name] = PodTrack(pod, at)
+        self.stats.created += 1
+
+    async def _observe(self, at: float) -> None:
+        pods = await self.core.list_namespaced_pod(NAMESPACE)
+        for pod in pods.items:
+            track = self.tracks.get(pod.metadata.name)
+            if track is None or track.finished:
+                continue
+            if track.bound_at is None and pod.spec.node_name:
+                track.bound_at, track.node = at, pod.spec.node_name
+                self.stats.served += 1
+                self.stats.waits_s.append(at - track.created_at)
+                await self.kubelet.start_pod(pod)
+            if track.bound_at is not None and at - track.bound_at >= track.pod.duration_s:
+                await self.kubelet.finish_pod(NAMESPACE, pod.metadata.name, track.node)
+                track.finished = True
+                self.stats.finished += 1
+        await self._observe_nodes()
+
+    async def _observe_nodes(self) -> None:
+        result = await self.custom.list_cluster_custom_object("migpart.io", "v1alpha1", "mignodes")
+        self.mignodes = result["items"]
+        claims = await self.resource.list_namespaced_resource_claim(NAMESPACE)
+        in_use: dict[str, set[str]] = {}
+        for claim in claims.items:
+            allocation = claim.status.allocation if claim.status else None
+            if allocation is None or not claim.status.reserved_for:
+                continue
+            for r in allocation.devices.results or []:
+                if r.driver == DRIVER_NAME:
+                    in_use.setdefault(r.pool, set()).add(r.device)
+        for node in self.mignodes:
+            name = node["metadata"]["name"]
+            plan_id = (node.get("spec") or {}).get("planId")
+            if plan_id and self.stats.plan_ids.get(name) != plan_id:
+                self.stats.plan_ids[name] = plan_id
+                self.stats.repartitions += 1
+                self.events.append(f"{name}: repartition {plan_id}")
+            present = {
+                device_name(gpu["index"], inst["profile"], inst["start"])
+                for gpu in (node.get("status") or {}).get("gpus", [])
+                for inst in gpu.get("instances", [])
+            }
+            seen = self.seen_devices.setdefault(name, set())
+            for device in (seen - present) & in_use.get(name, set()):
+                self.stats.destroyed_in_use += 1
+                self.events.append(f"{name}: DESTROYED IN USE {device}")
+            seen.clear()
+            seen.update(present)
+
+    def _draw(self, now: float) -> None:
+        tty = self.out.isatty()
+        pending = sum(1 for t in self.tracks.values() if t.bound_at is None)
+        running = sum(1 for t in self.tracks.values() if t.bound_at and not t.finished)
+        lines = [
+            f"migpart demo  t={now:5.1f}s/{self.duration_s:.0f}s  pods: pending {pending}  "
+            f"running {running}  done {self.stats.finished}  | {self.stats.summary()}"
+        ]
+        if tty:
+            for node in sorted(self.mignodes, key=lambda n: n["metadata"]["name"]):
+                status = node.get("status") or {}
+                synced = (node.get("spec") or {}).get("planId") == status.get("observedPlanId")
+                lines.append(
+                    f"  {node['metadata']['name']}  {'synced' if synced else 'RECONFIGURING'}"
+                )
+                for gpu in status.get("gpus", []):
+                    cells = " ".join(
+                        f"{i['profile']}{'*' if i['state'] != 'Free' else ''}"
+                        for i in sorted(gpu.get("instances", []), key=lambda i: i["start"])
+                    )
+                    lines.append(f"    gpu{gpu['index']}: {cells or '-'}")
+            lines.append("  (* = in use)  recent: " + "; ".join(self.events[-3:]))
+            self.out.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
+        elif int(now) % 5 == 0:
+            self.out.write(lines[0] + "\n")
+        self.out.flush()
