@@ -37,6 +37,7 @@ from migpart.errors import MigpartError
 from migpart.mig import device_name
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from migpart.agent.backend import MigInstance, NvmlBackend
@@ -67,7 +68,9 @@ class DraDriver:
         claims: ClaimSource,
         checkpoint: Checkpoint,
         cdi: CdiWriter,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
+        self.on_change = on_change  # tells the agent loop to report the new instance states
         self.node = node
         self.backend = backend
         self.claims = claims
@@ -126,6 +129,8 @@ class DraDriver:
             self.checkpoint.put(
                 PreparedClaim(claim.uid, claim.namespace, claim.name, tuple(devices))
             )
+        if self.on_change is not None:
+            self.on_change()
         log.info(
             "claim_prepared",
             claim=f"{claim.namespace}/{claim.name}",
@@ -138,6 +143,8 @@ class DraDriver:
         async with self.checkpoint.lock:
             self.cdi.remove(claim.uid)
             self.checkpoint.remove(claim.uid)
+        if self.on_change is not None:
+            self.on_change()
         log.info("claim_unprepared", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid)
 
 

@@ -1,0 +1,113 @@
+"""Assembly of one agent: backend, checkpoint, CDI writer, kubelet plugin, MigNode store,
+metrics, loop. `serve()` is what `migpart agent` runs, and what the demo and the integration
+tests run in-process (several simulated nodes can share one process and one ApiClient).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from migpart.agent.cdi import CAPS_PROC, CdiWriter
+from migpart.agent.checkpoint import Checkpoint
+from migpart.agent.claims import KubeClaims
+from migpart.agent.kube import KubeMigNodes
+from migpart.agent.metrics import AgentMetrics, HealthServer
+from migpart.agent.runner import Agent
+from migpart.agent.simulator import SimulatedNvml
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+    from migpart.agent.backend import NvmlBackend
+
+log = structlog.get_logger("migpart.agent")
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    simulate: list[tuple[str, int]] | None = None
+    sim_latency_s: float = 0.0
+    state_dir: Path = Path("/var/lib/migpart")
+    cdi_dir: Path = Path("/var/run/cdi")
+    plugin_dir: Path = Path("/var/lib/kubelet/plugins/mig.migpart.io")
+    registration_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    kubelet_plugin: bool = True
+    metrics_port: int = 8081
+    metrics_host: str = "0.0.0.0"
+    resync_s: float = 30.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _caps_root(config: AgentConfig) -> Path | None:
+    """The driver's MIG capability files; simulated nodes use the driver's fixed numbering."""
+    caps = Path(CAPS_PROC)
+    return caps if config.simulate is None and caps.is_dir() else None
+
+
+async def open_backend(config: AgentConfig) -> NvmlBackend:
+    if config.simulate is not None:
+        return SimulatedNvml(config.simulate, node=config.node, latency_s=config.sim_latency_s)
+    from migpart.agent.nvml import RealNvml
+
+    return await RealNvml.open()
+
+
+async def serve(
+    config: AgentConfig,
+    api: ApiClient,
+    *,
+    backend: NvmlBackend | None = None,
+    started: asyncio.Event | None = None,
+) -> None:
+    """Run one agent until cancelled. `backend` overrides the one `config` describes (tests
+    pass a simulator they keep a handle on)."""
+    from migpart.agent.plugin import DraDriver, KubeletPlugin  # loads grpc + generated code
+
+    own_backend = backend is None
+    nvml = backend if backend is not None else await open_backend(config)
+    checkpoint = Checkpoint(config.state_dir / "checkpoint.json")
+    metrics = AgentMetrics(config.node)
+    agent = Agent(
+        config.node,
+        nvml,
+        checkpoint,
+        KubeMigNodes(api, config.node),
+        metrics,
+        resync_s=config.resync_s,
+    )
+    cdi = CdiWriter(config.cdi_dir, _caps_root(config))
+    driver = DraDriver(config.node, nvml, KubeClaims(api), checkpoint, cdi, on_change=agent.poke)
+    plugin = KubeletPlugin(driver, config.plugin_dir, config.registration_dir)
+    health = HealthServer(metrics, config.metrics_port, config.metrics_host)
+    async with contextlib.AsyncExitStack() as stack:
+        if own_backend:
+            stack.push_async_callback(nvml.close)
+        if config.metrics_port:
+            port = await health.start()
+            stack.push_async_callback(health.stop)
+            log.info("metrics_listening", node=config.node, port=port)
+        if config.kubelet_plugin:
+            await plugin.start()
+            stack.push_async_callback(plugin.stop)
+        log.info(
+            "agent_started",
+            node=config.node,
+            simulated=config.simulate is not None,
+            kubelet_plugin=config.kubelet_plugin,
+        )
+        task = asyncio.create_task(agent.run(), name=f"agent-{config.node}")
+        if started is not None:
+            started.set()
+        try:
+            await task
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

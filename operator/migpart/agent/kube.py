@@ -1,0 +1,188 @@
+"""The agent's only contact with the API server besides claim lookups: its own MigNode.
+
+`MigNodeStore` is what the agent loop needs (make sure the object exists, follow its spec,
+write its status); `KubeMigNodes` implements it with kubernetes_asyncio and `InMemoryMigNodes`
+is the twin for tests of the loop. Status goes through the status subresource as a JSON merge
+patch: the agent owns `status` and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+import structlog
+from kubernetes_asyncio import watch
+from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from migpart.api.models import (
+    API_VERSION,
+    GROUP,
+    MIGNODE_KIND,
+    MIGNODE_PLURAL,
+    VERSION,
+    MigNodeSpec,
+    MigNodeStatus,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from kubernetes_asyncio.client import ApiClient
+
+log = structlog.get_logger("migpart.agent.kube")
+
+MERGE_PATCH = "application/merge-patch+json"
+WATCH_TIMEOUT_S = 300
+
+
+class MigNodeStore(Protocol):
+    async def ensure(self) -> MigNodeSpec | None:
+        """Create the node's MigNode if missing; return its current spec."""
+        ...
+
+    def specs(self) -> AsyncIterator[MigNodeSpec | None]:
+        """Every spec the MigNode takes from now on (may repeat; level-triggered)."""
+        ...
+
+    async def write_status(self, status: MigNodeStatus) -> None: ...
+
+
+def status_patch(status: MigNodeStatus) -> dict[str, Any]:
+    """The merge patch replacing the whole status (null clears a vanished observedPlanId)."""
+    body = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    body.setdefault("observedPlanId", None)
+    return {"status": body}
+
+
+def spec_of(obj: dict[str, Any]) -> MigNodeSpec | None:
+    raw = obj.get("spec")
+    return MigNodeSpec.model_validate(raw) if raw is not None else None
+
+
+class KubeMigNodes:
+    """`MigNodeStore` on the API server, for the MigNode named after `node`."""
+
+    def __init__(self, api: ApiClient, node: str, *, retry_s: float = 2.0) -> None:
+        self.node = node
+        self.retry_s = retry_s
+        # Typed as Any: the generated client takes `_content_type` through **kwargs.
+        self._objects: Any = CustomObjectsApi(api)
+        self._core: Any = CoreV1Api(api)
+
+    async def _owner(self) -> list[dict[str, Any]]:
+        """An ownerReference to our Node, so that deleting the Node deletes its MigNode."""
+        try:
+            node = await self._core.read_node(self.node)
+        except ApiException as err:
+            if err.status == 404:
+                log.warning("node_not_found", node=self.node)
+                return []
+            raise
+        return [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": node.metadata.uid}]
+
+    async def ensure(self) -> MigNodeSpec | None:
+        try:
+            obj = await self._objects.get_cluster_custom_object(
+                GROUP, VERSION, MIGNODE_PLURAL, self.node
+            )
+            return spec_of(obj)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": MIGNODE_KIND,
+            "metadata": {"name": self.node, "ownerReferences": await self._owner()},
+        }
+        try:
+            obj = await self._objects.create_cluster_custom_object(
+                GROUP, VERSION, MIGNODE_PLURAL, body
+            )
+            log.info("mignode_created", node=self.node)
+        except ApiException as err:
+            if err.status != 409:  # created by someone else meanwhile: fine
+                raise
+            obj = await self._objects.get_cluster_custom_object(
+                GROUP, VERSION, MIGNODE_PLURAL, self.node
+            )
+        return spec_of(obj)
+
+    async def specs(self) -> AsyncIterator[MigNodeSpec | None]:
+        """Follow the MigNode with a watch, reconnecting (and re-listing) after any break."""
+        while True:
+            try:
+                w = watch.Watch()
+                async with w.stream(
+                    self._objects.list_cluster_custom_object,
+                    GROUP,
+                    VERSION,
+                    MIGNODE_PLURAL,
+                    field_selector=f"metadata.name={self.node}",
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                ) as stream:
+                    async for event in stream:
+                        if event["type"] in ("ADDED", "MODIFIED"):
+                            yield spec_of(event["object"])
+                        elif event["type"] == "DELETED":
+                            yield None
+                            await self.ensure()  # the agent's MigNode must exist
+            except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+                log.warning("mignode_watch_broken", node=self.node, error=str(err))
+                await asyncio.sleep(self.retry_s)
+
+    async def write_status(self, status: MigNodeStatus) -> None:
+        try:
+            await self._objects.patch_cluster_custom_object_status(
+                GROUP,
+                VERSION,
+                MIGNODE_PLURAL,
+                self.node,
+                status_patch(status),
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            await self.ensure()  # deleted under us: recreate, the next pass writes status
+
+
+class InMemoryMigNodes:
+    """`MigNodeStore` twin: the spec is set by the test, statuses are recorded."""
+
+    def __init__(self, spec: MigNodeSpec | None = None) -> None:
+        self.spec = spec
+        self.statuses: list[MigNodeStatus] = []
+        self._changed = asyncio.Condition()  # the spec changed
+        self._written = asyncio.Condition()  # a status was written
+
+    async def set_spec(self, spec: MigNodeSpec | None) -> None:
+        async with self._changed:
+            self.spec = spec
+            self._changed.notify_all()
+
+    async def ensure(self) -> MigNodeSpec | None:
+        return self.spec
+
+    async def specs(self) -> AsyncIterator[MigNodeSpec | None]:
+        while True:
+            async with self._changed:
+                await self._changed.wait()
+                spec = self.spec
+            yield spec
+
+    async def write_status(self, status: MigNodeStatus) -> None:
+        async with self._written:
+            self.statuses.append(status)
+            self._written.notify_all()
+
+    async def wait_for(self, predicate: Any) -> MigNodeStatus:
+        """The first recorded status (existing or future) for which `predicate` is true."""
+        async with self._written:
+            while True:
+                for status in self.statuses:
+                    if predicate(status):
+                        return status
+                await self._written.wait()

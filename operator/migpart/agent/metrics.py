@@ -1,0 +1,110 @@
+"""Prometheus metrics and the health endpoints of one agent.
+
+Each agent has its own `CollectorRegistry`, so several simulated agents can live in one process
+(the demo, tests) without clashing on the global registry. `/healthz` answers while the loop
+runs; `/readyz` once the first reconcile has written a status (and the kubelet plugin listens,
+when enabled).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+if TYPE_CHECKING:
+    from migpart.api.models import MigNodeStatus
+
+
+class AgentMetrics:
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.registry = CollectorRegistry()
+        self.instances = Gauge(
+            "migpart_agent_mig_instances",
+            "MIG instances on the node by profile and state",
+            ["node", "profile", "state"],
+            registry=self.registry,
+        )
+        self.nvml_errors = Counter(
+            "migpart_agent_nvml_errors",
+            "NVML calls that failed, by NVML return code",
+            ["node", "code"],
+            registry=self.registry,
+        )
+        self.operations = Counter(
+            "migpart_agent_mig_operations",
+            "MIG instances created and destroyed",
+            ["node", "kind"],
+            registry=self.registry,
+        )
+        self.reconcile_seconds = Histogram(
+            "migpart_agent_reconcile_duration_seconds",
+            "Duration of one reconcile pass",
+            ["node"],
+            registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.ready = False
+        self.alive = True
+
+    def observe_status(self, status: MigNodeStatus) -> None:
+        self.instances.clear()
+        counts: dict[tuple[str, str], int] = {}
+        for gpu in status.gpus:
+            for inst in gpu.instances:
+                key = (inst.profile, inst.state)
+                counts[key] = counts.get(key, 0) + 1
+        for (profile, state), n in counts.items():
+            self.instances.labels(self.node, profile, state).set(n)
+
+    def nvml_error(self, code: int | None) -> None:
+        self.nvml_errors.labels(self.node, str(code) if code is not None else "unknown").inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthServer:
+    """`/metrics`, `/healthz`, `/readyz` over HTTP (aiohttp, already a kubernetes_asyncio
+    dependency, so no thread is needed)."""
+
+    def __init__(self, metrics: AgentMetrics, port: int, host: str = "0.0.0.0") -> None:
+        self.metrics = metrics
+        self.port = port
+        self.host = host
+        self._runner: web.AppRunner | None = None
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        ok = self.metrics.alive
+        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "stopped\n")
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        ok = self.metrics.ready
+        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "not ready\n")
+
+    async def start(self) -> int:
+        """Listen; return the bound port (useful with port 0 in tests)."""
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,136 @@
+"""`migpart agent`: the node agent (DaemonSet), on real NVML or on the simulator."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from migpart import logs
+from migpart.agent.app import AgentConfig, serve
+from migpart.agent.simulator import parse_simulate
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="migpart agent", description=__doc__)
+    p.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="this node's name (default: $NODE_NAME)",
+    )
+    p.add_argument(
+        "--simulate",
+        action="append",
+        metavar="MODEL:COUNT[,MODEL:COUNT]",
+        help='simulate GPUs instead of NVML, e.g. "NVIDIA H100 80GB HBM3:8" (repeatable)',
+    )
+    p.add_argument(
+        "--sim-latency-ms",
+        type=float,
+        default=0.0,
+        help="simulated latency of every NVML operation",
+    )
+    p.add_argument(
+        "--state-dir", type=Path, default=Path("/var/lib/migpart"), help="checkpoint directory"
+    )
+    p.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=Path("/var/run/cdi"),
+        help="where CDI spec files are written",
+    )
+    p.add_argument(
+        "--plugin-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/plugins/mig.migpart.io"),
+        help="directory of the DRA gRPC socket",
+    )
+    p.add_argument(
+        "--registration-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/plugins_registry"),
+        help="kubelet's plugin registration directory",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig (default: in-cluster, else $KUBECONFIG or ~/.kube/config)",
+    )
+    p.add_argument(
+        "--no-kubelet-plugin",
+        action="store_true",
+        help="do not serve the DRA kubelet plugin (no kubelet on this node)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8081,
+        help="port of /metrics, /healthz, /readyz (0 disables)",
+    )
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=30.0,
+        help="reconcile at least this often even without changes",
+    )
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def config_from(args: argparse.Namespace) -> AgentConfig:
+    if not args.node_name:
+        raise ValueError("--node-name (or $NODE_NAME) is required")
+    simulate = None
+    if args.simulate:
+        simulate = [m for text in args.simulate for m in parse_simulate(text)]
+    return AgentConfig(
+        node=args.node_name,
+        simulate=simulate,
+        sim_latency_s=args.sim_latency_ms / 1000.0,
+        state_dir=args.state_dir,
+        cdi_dir=args.cdi_dir,
+        plugin_dir=args.plugin_dir,
+        registration_dir=args.registration_dir,
+        kubelet_plugin=not args.no_kubelet_plugin,
+        metrics_port=args.metrics_port,
+        resync_s=args.resync_seconds,
+    )
+
+
+async def _main(config: AgentConfig, kubeconfig: Path | None) -> None:
+    from kubernetes_asyncio import config as kube_config
+    from kubernetes_asyncio.client import ApiClient, Configuration
+
+    cfg = Configuration()
+    if kubeconfig is not None:
+        await kube_config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    else:
+        try:
+            kube_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except kube_config.ConfigException:
+            await kube_config.load_kube_config(client_configuration=cfg)
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if task is not None:
+            loop.add_signal_handler(sig, task.cancel)
+    async with ApiClient(cfg) as api:
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(config, api)
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    logs.configure(args.log_level)
+    try:
+        config = config_from(args)
+    except ValueError as err:
+        print(f"migpart agent: {err}", file=sys.stderr)
+        return 2
+    asyncio.run(_main(config, args.kubeconfig))
+    return 0

@@ -1,0 +1,230 @@
+"""An agent on the simulator against the testbed's real API server: it creates its MigNode
+(owned by its Node), reports the inventory, converges to a spec written by the test, and its
+kubelet plugin reads claim allocations from the API server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from migpart.agent.app import AgentConfig, serve
+from migpart.agent.claims import AllocatedDevice, ClaimNotFound, KubeClaims
+from migpart.agent.simulator import SimulatedNvml
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterator
+
+    from migpart.testbed import Testbed
+
+pytestmark = pytest.mark.integration
+
+H100 = "NVIDIA H100 80GB HBM3"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def crds(testbed: Testbed) -> Testbed:
+    testbed.kubectl("apply", "-f", str(REPO / "crds"))
+    testbed.kubectl(
+        "wait", "--for=condition=established", "--timeout=60s", "crd/mignodes.migpart.io"
+    )
+    return testbed
+
+
+@pytest.fixture
+async def api(crds: Testbed) -> AsyncIterator[ApiClient]:
+    cfg = Configuration()
+    await kube_config.load_kube_config(config_file=str(crds.kubeconfig), client_configuration=cfg)
+    async with ApiClient(cfg) as client:
+        yield client
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="mpi-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+async def kubectl_json(bed: Testbed, *args: str) -> dict[str, Any] | None:
+    out = await asyncio.to_thread(bed.kubectl, *args, "-o", "json", check=False)
+    return json.loads(out) if out.strip() else None
+
+
+async def until(bed: Testbed, name: str, ok: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Poll the MigNode until `ok` holds (the per-test timeout bounds the wait)."""
+    while True:
+        obj = await kubectl_json(bed, "get", "mignode", name)
+        if obj is not None and ok(obj):
+            return obj
+        await asyncio.sleep(0.2)
+
+
+@contextlib.asynccontextmanager
+async def running_agent(
+    config: AgentConfig, api: ApiClient, sim: SimulatedNvml
+) -> AsyncIterator[None]:
+    started = asyncio.Event()
+    task = asyncio.create_task(serve(config, api, backend=sim, started=started))
+    await started.wait()
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_agent_creates_mignode_reports_and_converges(
+    crds: Testbed, api: ApiClient, short_dir: Path
+) -> None:
+    node = "agent-it-node-1"
+    await asyncio.to_thread(crds.add_node, node)
+    node_uid = (await kubectl_json(crds, "get", "node", node) or {})["metadata"]["uid"]
+    sim = SimulatedNvml([(H100, 2)], node=node, latency_s=0.01)
+    config = AgentConfig(
+        node=node,
+        simulate=[(H100, 2)],
+        state_dir=short_dir / "state",
+        cdi_dir=short_dir / "cdi",
+        plugin_dir=short_dir / "plugin",
+        registration_dir=short_dir / "registry",
+        metrics_port=0,
+        resync_s=5,
+    )
+    async with running_agent(config, api, sim):
+        obj = await until(crds, node, lambda o: bool(o.get("status", {}).get("gpus")))
+        owners = obj["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [("Node", node, node_uid)]
+        gpus = obj["status"]["gpus"]
+        assert [(g["index"], g["model"], g["migEnabled"]) for g in gpus] == [
+            (0, H100, True),
+            (1, H100, True),
+        ]
+        one_g = next(p for p in gpus[0]["profiles"] if p["name"] == "1g.10gb")
+        assert one_g["placements"] == [0, 1, 2, 3, 4, 5, 6]
+        assert one_g["memoryMiB"] == 9984
+
+        spec = {
+            "spec": {
+                "planId": "plan-1",
+                "gpus": [
+                    {
+                        "index": 0,
+                        "instances": [
+                            {"profile": "3g.40gb", "start": 0},
+                            {"profile": "2g.20gb", "start": 4},
+                            {"profile": "1g.10gb", "start": 6},
+                        ],
+                    },
+                    {"index": 1, "instances": [{"profile": "7g.80gb", "start": 0}]},
+                ],
+            }
+        }
+        await asyncio.to_thread(
+            crds.kubectl, "patch", "mignode", node, "--type=merge", "-p", json.dumps(spec)
+        )
+        done = await until(
+            crds, node, lambda o: o.get("status", {}).get("observedPlanId") == "plan-1"
+        )
+        status = done["status"]
+        assert [(i["profile"], i["start"], i["state"]) for i in status["gpus"][0]["instances"]] == [
+            ("3g.40gb", 0, "Free"),
+            ("2g.20gb", 4, "Free"),
+            ("1g.10gb", 6, "Free"),
+        ]
+        assert [i["profile"] for i in status["gpus"][1]["instances"]] == ["7g.80gb"]
+        assert status["summary"] == {"gpus": 2, "instances": 4, "free": 4, "synced": True}
+        ready = {c["type"]: c["status"] for c in status["conditions"]}
+        assert ready == {"Ready": "True", "Degraded": "False"}
+        assert [(i.profile, i.start) for i in await sim.instances(1)] == [("7g.80gb", 0)]
+
+        # a second plan that needs the first one's slices
+        spec2 = {
+            "spec": {
+                "planId": "plan-2",
+                "gpus": [
+                    {"index": 0, "instances": [{"profile": "7g.80gb", "start": 0}]},
+                ],
+            }
+        }
+        await asyncio.to_thread(
+            crds.kubectl, "patch", "mignode", node, "--type=merge", "-p", json.dumps(spec2)
+        )
+        await until(crds, node, lambda o: o.get("status", {}).get("observedPlanId") == "plan-2")
+        assert [(i.profile, i.start) for i in await sim.instances(0)] == [("7g.80gb", 0)]
+
+    # a restarted agent (same GPUs, fresh process state) changes nothing and stays synced
+    sim.calls.clear()
+    async with running_agent(config, api, sim):
+        await asyncio.sleep(0)  # let it make one pass
+        again = await until(crds, node, lambda o: o["status"]["summary"]["synced"])
+        assert again["status"]["observedPlanId"] == "plan-2"
+    assert sim.calls == []
+
+
+async def test_kube_claims_reads_allocation_from_the_api_server(
+    crds: Testbed, api: ApiClient
+) -> None:
+    ns = "default"
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "agent-it-claim", "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.migpart.io"}}]
+            }
+        },
+    }
+    await asyncio.to_thread(crds.kubectl, "apply", "-f", "-", input=json.dumps(claim))
+    body = await kubectl_json(crds, "get", "resourceclaim", "agent-it-claim", "-n", ns)
+    assert body is not None
+    uid = body["metadata"]["uid"]
+    source = KubeClaims(api)
+    with pytest.raises(ClaimNotFound, match="not allocated"):
+        await source.allocation(ns, "agent-it-claim", uid)
+    allocation = {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": "mig.migpart.io",
+                            "pool": "node-x",
+                            "device": "gpu-0-1g10gb-3",
+                        },
+                    ]
+                }
+            }
+        }
+    }
+    await asyncio.to_thread(
+        crds.kubectl,
+        "patch",
+        "resourceclaim",
+        "agent-it-claim",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(allocation),
+    )
+    assert await source.allocation(ns, "agent-it-claim", uid) == [
+        AllocatedDevice("gpu", "mig.migpart.io", "node-x", "gpu-0-1g10gb-3")
+    ]
+    with pytest.raises(ClaimNotFound, match="UID"):
+        await source.allocation(ns, "agent-it-claim", "some-other-uid")
+    with pytest.raises(ClaimNotFound, match="not found"):
+        await source.allocation(ns, "no-such-claim", uid)

@@ -1,0 +1,209 @@
+"""A gRPC client acting as kubelet drives the plugin over real unix sockets."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+
+from migpart.agent.cdi import CdiWriter, cap_minor
+from migpart.agent.checkpoint import Checkpoint
+from migpart.agent.claims import AllocatedDevice, InMemoryClaims
+from migpart.agent.plugin import DraDriver, KubeletPlugin
+from migpart.agent.proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
+from migpart.agent.reconciler import reconcile_once
+from migpart.agent.simulator import SimulatedNvml
+from migpart.api.models import DRIVER, GpuSpec, MigNodeSpec
+from tests.unit.agent.conftest import H100
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+NODE = "node-a"
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="mp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+def make_plugin(root: Path, sim: SimulatedNvml, claims: InMemoryClaims) -> KubeletPlugin:
+    driver = DraDriver(
+        NODE,
+        sim,
+        claims,
+        Checkpoint(root / "state" / "checkpoint.json"),
+        CdiWriter(root / "cdi", caps_root=None),
+    )
+    return KubeletPlugin(driver, root / "plugins" / DRIVER, root / "plugins_registry")
+
+
+async def test_kubelet_registers_prepares_unprepares_across_restart(short_dir: Path) -> None:
+    sim = SimulatedNvml([(H100, 2)], node=NODE)
+    await sim.create(0, "3g.40gb", 0)
+    mig = await sim.create(1, "1g.10gb", 2)
+    claims = InMemoryClaims()
+    claims.put(
+        "team",
+        "c1",
+        "uid-1",
+        [
+            AllocatedDevice("gpu", DRIVER, NODE, "gpu-1-1g10gb-2"),
+            AllocatedDevice("nic", "other.example.com", NODE, "eth0"),
+        ],
+    )
+    plugin = make_plugin(short_dir, sim, claims)
+    await plugin.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{plugin.registration_socket}") as ch:
+            reg = pluginregistration_v1_pb2_grpc.RegistrationStub(ch)
+            info = await reg.GetInfo(pluginregistration_v1_pb2.InfoRequest())
+            assert (info.type, info.name) == ("DRAPlugin", DRIVER)
+            assert info.endpoint == str(short_dir / "plugins" / DRIVER / "dra.sock")
+            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            await reg.NotifyRegistrationStatus(
+                pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True)
+            )
+        assert plugin.registration.registered is True
+
+        async with grpc.aio.insecure_channel(f"unix://{info.endpoint}") as ch:
+            dra = dra_v1beta1_pb2_grpc.DRAPluginStub(ch)
+            request = dra_v1beta1_pb2.NodePrepareResourcesRequest(
+                claims=[dra_v1beta1_pb2.Claim(namespace="team", uid="uid-1", name="c1")]
+            )
+            first = await dra.NodePrepareResources(request)
+            again = await dra.NodePrepareResources(request)  # kubelet retries: same answer
+        assert first == again
+        result = first.claims["uid-1"]
+        assert result.error == ""
+        [device] = result.devices
+        assert (device.pool_name, device.device_name) == (NODE, "gpu-1-1g10gb-2")
+        assert list(device.request_names) == ["gpu"]
+        assert list(device.cdi_device_ids) == ["mig.migpart.io/mig=uid-1-gpu-1-1g10gb-2"]
+
+        spec = json.loads((short_dir / "cdi" / "mig.migpart.io-uid-1.json").read_text())
+        assert spec["cdiVersion"] == "0.6.0"
+        assert spec["kind"] == "mig.migpart.io/mig"
+        [entry] = spec["devices"]
+        assert entry["name"] == "uid-1-gpu-1-1g10gb-2"
+        assert entry["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={mig.uuid}"]
+        nodes = [n["path"] for n in entry["containerEdits"]["deviceNodes"]]
+        gi_cap = cap_minor(None, 1, mig.gi_id, None)
+        assert nodes == [
+            "/dev/nvidia1",
+            f"/dev/nvidia-caps/nvidia-cap{gi_cap}",
+            f"/dev/nvidia-caps/nvidia-cap{gi_cap + 1}",
+        ]
+        assert spec["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidiactl"}]
+
+        # the reconciler must not take the prepared instance away
+        kept = await reconcile_once(
+            MigNodeSpec(plan_id="p", gpus=[GpuSpec(index=1, instances=[])]),
+            sim,
+            plugin.driver.checkpoint,
+        )
+        assert [i.state for i in kept.status.gpus[1].instances] == ["Prepared"]
+    finally:
+        await plugin.stop()
+    assert not plugin.registration_socket.exists()
+
+    # restart: the checkpoint on disk is all the new process knows; the claim is gone from the
+    # API server by now, so a second prepare must be answered from the checkpoint.
+    claims.delete("team", "c1")
+    restarted = make_plugin(short_dir, sim, claims)
+    await restarted.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{restarted.plugin_socket}") as ch:
+            dra1 = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            ref = [dra_v1_pb2.Claim(namespace="team", uid="uid-1", name="c1")]
+            again_v1 = await dra1.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(claims=ref)
+            )
+            assert [d.device_name for d in again_v1.claims["uid-1"].devices] == ["gpu-1-1g10gb-2"]
+            for _ in range(2):  # idempotent
+                done = await dra1.NodeUnprepareResources(
+                    dra_v1_pb2.NodeUnprepareResourcesRequest(claims=ref)
+                )
+                assert done.claims["uid-1"].error == ""
+    finally:
+        await restarted.stop()
+    assert not (short_dir / "cdi" / "mig.migpart.io-uid-1.json").exists()
+    assert Checkpoint(short_dir / "state" / "checkpoint.json").claims() == []
+
+
+@pytest.mark.parametrize(
+    ("allocated", "uid", "error"),
+    [
+        (None, "uid-9", "claim team/c9 not found"),
+        (
+            [AllocatedDevice("gpu", DRIVER, NODE, "gpu-0-7g80gb-0")],
+            "uid-9",
+            "device gpu-0-7g80gb-0 does not exist on node node-a",
+        ),
+        (
+            [AllocatedDevice("gpu", DRIVER, NODE, "gpu-0-3g40gb-0")],
+            "other-uid",
+            "has UID other-uid, kubelet asked for uid-9",
+        ),
+    ],
+)
+async def test_prepare_errors_go_back_to_kubelet(
+    short_dir: Path, allocated: list[AllocatedDevice] | None, uid: str, error: str
+) -> None:
+    sim = SimulatedNvml([(H100, 1)], node=NODE)
+    await sim.create(0, "3g.40gb", 0)
+    claims = InMemoryClaims()
+    if allocated is not None:
+        claims.put("team", "c9", uid, allocated)
+    plugin = make_plugin(short_dir, sim, claims)
+    await plugin.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{plugin.plugin_socket}") as ch:
+            dra = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            out = await dra.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace="team", uid="uid-9", name="c9")]
+                )
+            )
+    finally:
+        await plugin.stop()
+    assert error in out.claims["uid-9"].error
+    assert not list(out.claims["uid-9"].devices)
+    assert plugin.driver.checkpoint.claims() == []
+
+
+def test_cap_minor_reads_the_driver_proc_file(tmp_path: Path) -> None:
+    access = tmp_path / "gpu3" / "mig" / "gi2" / "ci0"
+    access.mkdir(parents=True)
+    (access.parent / "access").write_text("DeviceFileMinor: 57\nDeviceFileMode: 292\n")
+    (access / "access").write_text("DeviceFileMinor: 58\n")
+    assert cap_minor(tmp_path, 3, 2, None) == 57
+    assert cap_minor(tmp_path, 3, 2, 0) == 58
+    assert cap_minor(tmp_path, 3, 5, None) == cap_minor(None, 3, 5, None)
+
+
+def test_checkpoint_write_is_atomic_and_reloads(tmp_path: Path) -> None:
+    from migpart.agent.checkpoint import PreparedClaim, PreparedDevice
+
+    path = tmp_path / "c.json"
+    cp = Checkpoint(path)
+    dev = PreparedDevice("gpu-0-7g80gb-0", 0, "7g.80gb", 0, "MIG-x", "k=v", ("r",), "n")
+    cp.put(PreparedClaim("u", "ns", "n", (dev,)))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]  # no temp file left behind
+    assert Checkpoint(path).claims() == cp.claims()
+    assert Checkpoint(path).prepared() == {(0, "7g.80gb", 0): ["ns/n"]}

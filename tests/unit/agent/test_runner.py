@@ -1,0 +1,126 @@
+"""The agent loop follows the spec, reports status and serves metrics and health."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+import aiohttp
+import pytest
+
+from migpart.agent.kube import InMemoryMigNodes, status_patch
+from migpart.agent.metrics import AgentMetrics, HealthServer
+from migpart.agent.runner import Agent
+from migpart.agent.simulator import SimulatedNvml
+from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec, MigNodeStatus
+from migpart.commands.agent import config_from, parser
+from tests.unit.agent.conftest import H100, H200
+
+if TYPE_CHECKING:
+    from migpart.agent.checkpoint import Checkpoint
+
+
+def one_gpu(plan: str, *instances: tuple[str, int]) -> MigNodeSpec:
+    return MigNodeSpec(
+        plan_id=plan,
+        gpus=[
+            GpuSpec(index=0, instances=[MigInstanceSpec(profile=p, start=s) for p, s in instances])
+        ],
+    )
+
+
+async def test_loop_follows_spec_changes_and_serves_metrics(
+    sim: SimulatedNvml, checkpoint: Checkpoint
+) -> None:
+    store = InMemoryMigNodes()
+    metrics = AgentMetrics("node-a")
+    agent = Agent("node-a", sim, checkpoint, store, metrics, resync_s=3600)
+    health = HealthServer(metrics, 0, "127.0.0.1")
+    port = await health.start()
+    task = asyncio.create_task(agent.run())
+    try:
+        first = await store.wait_for(lambda s: bool(s.gpus))
+        assert first.observed_plan_id is None
+        await store.set_spec(one_gpu("p1", ("3g.40gb", 0), ("3g.40gb", 4)))
+        done = await store.wait_for(lambda s: s.observed_plan_id == "p1")
+        assert [i.profile for i in done.gpus[0].instances] == ["3g.40gb", "3g.40gb"]
+        await store.set_spec(one_gpu("p2", ("7g.80gb", 0)))
+        await store.wait_for(lambda s: s.observed_plan_id == "p2")
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{port}"
+            async with http.get(f"{base}/readyz") as r:
+                assert r.status == 200
+            async with http.get(f"{base}/healthz") as r:
+                assert r.status == 200
+            async with http.get(f"{base}/metrics") as r:
+                text = await r.text()
+        assert (
+            'migpart_agent_mig_instances{node="node-a",profile="7g.80gb",state="Free"} 1.0' in text
+        )
+        assert 'migpart_agent_mig_operations_total{kind="destroy",node="node-a"} 2.0' in text
+        assert "migpart_agent_reconcile_duration_seconds_count" in text
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await health.stop()
+    assert not metrics.alive
+
+
+async def test_nvml_failure_is_counted_and_retried(
+    sim: SimulatedNvml, checkpoint: Checkpoint
+) -> None:
+    import pynvml
+
+    store = InMemoryMigNodes(one_gpu("p1", ("7g.80gb", 0)))
+    metrics = AgentMetrics("node-a")
+    sim.fail_next("create_gi", pynvml.NVML_ERROR_UNKNOWN)
+    agent = Agent("node-a", sim, checkpoint, store, metrics, resync_s=3600, backoff_s=0.001)
+    task = asyncio.create_task(agent.run())
+    try:
+        await store.wait_for(lambda s: s.observed_plan_id == "p1")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    sample = metrics.registry.get_sample_value(
+        "migpart_agent_nvml_errors_total",
+        {"node": "node-a", "code": str(pynvml.NVML_ERROR_UNKNOWN)},
+    )
+    assert sample == 1
+
+
+def test_status_patch_clears_observed_plan_id() -> None:
+    assert status_patch(MigNodeStatus())["status"]["observedPlanId"] is None
+    assert status_patch(MigNodeStatus(observed_plan_id="x"))["status"]["observedPlanId"] == "x"
+
+
+def test_cli_flags() -> None:
+    args = parser().parse_args(
+        [
+            "--node-name",
+            "n1",
+            "--simulate",
+            f"{H100}:2,{H200}:1",
+            "--simulate",
+            f"{H100}:1",
+            "--sim-latency-ms",
+            "250",
+            "--no-kubelet-plugin",
+            "--metrics-port",
+            "0",
+        ]
+    )
+    config = config_from(args)
+    assert config.node == "n1"
+    assert config.simulate == [(H100, 2), (H200, 1), (H100, 1)]
+    assert config.sim_latency_s == pytest.approx(0.25)
+    assert (config.kubelet_plugin, config.metrics_port) == (False, 0)
+    assert str(config.plugin_dir) == "/var/lib/kubelet/plugins/mig.migpart.io"
+
+
+def test_cli_requires_a_node_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    with pytest.raises(ValueError, match="--node-name"):
+        config_from(parser().parse_args([]))
