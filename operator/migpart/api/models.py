@@ -48,13 +48,30 @@ NonNegative = Annotated[int, Field(ge=0)]
 
 class _Model(BaseModel):
     model_config = ConfigDict(
-        frozen=True, extra="forbid", populate_by_name=True, alias_generator=to_camel
+        frozen=True,
+        extra="forbid",
+        populate_by_name=True,
+        alias_generator=to_camel,
+        use_attribute_docstrings=True,
     )
 
 
 def _rules(*rules: dict[str, str]) -> dict[str, Any]:
     """`json_schema_extra` carrying CEL rules for the CRD (see `migpart.api.crdgen`)."""
     return {"x-kubernetes-validations": list(rules)}
+
+
+def _set_list(max_items: int) -> Any:
+    """A list the API server treats as a set (duplicates rejected, merged by value)."""
+    return Field(max_length=max_items, json_schema_extra={"x-kubernetes-list-type": "set"})
+
+
+def _map_list(key: str, max_items: int | None = None) -> Any:
+    """A list of objects keyed by `key` (duplicates rejected, server-side apply merges by key)."""
+    return Field(
+        max_length=max_items,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [key]},
+    )
 
 
 class Condition(_Model):
@@ -91,13 +108,15 @@ class GpuSpec(_Model):
 
     index: Annotated[int, Field(ge=0, le=63)]
     instances: Annotated[list[MigInstanceSpec], Field(max_length=MAX_INSTANCES_PER_GPU)] = []
+    """Every instance the GPU should have; anything else that is free gets destroyed."""
 
 
 class MigNodeSpec(_Model):
     """Desired layout; written by the operator only."""
 
     plan_id: Annotated[str, StringConstraints(max_length=128)] | None = None
-    gpus: Annotated[list[GpuSpec], Field(max_length=MAX_GPUS)] = []
+    """Identifies this desired layout; the agent echoes it as status.observedPlanId."""
+    gpus: Annotated[list[GpuSpec], _map_list("index", MAX_GPUS)] = []
 
 
 class ProfileInfo(_Model):
@@ -173,6 +192,7 @@ class GpuStatus(_Model):
     compute_slices: NonNegative
     memory_slices: NonNegative
     profiles: list[ProfileInfo] = []
+    """The GPU-instance profile table read from NVML."""
     instances: list[MigInstanceStatus] = []
 
     def table(self) -> ModelTable:
@@ -202,9 +222,11 @@ class MigNodeStatus(_Model):
     """Actual layout and inventory; written by the agent only."""
 
     observed_plan_id: Annotated[str, StringConstraints(max_length=128)] | None = None
-    gpus: list[GpuStatus] = []
-    conditions: list[Condition] = []
+    """The spec.planId whose layout the agent last carried out."""
+    gpus: Annotated[list[GpuStatus], _map_list("index")] = []
+    conditions: Annotated[list[Condition], _map_list("type")] = []
     summary: MigNodeSummary | None = None
+    """Counts for the printer columns of `kubectl get mignodes`."""
 
     def summarized(self, plan_id: str | None) -> MigNodeStatus:
         """This status with `summary` recomputed against the spec's `plan_id`."""
@@ -304,8 +326,10 @@ class ProfileFilter(_Model):
 
     model_config = ConfigDict(json_schema_extra=_rules(_ALLOW_DENY_RULE))
 
-    allow: Annotated[list[ProfileName], Field(max_length=MAX_PROFILES)] = []
-    deny: Annotated[list[ProfileName], Field(max_length=MAX_PROFILES)] = []
+    allow: Annotated[list[ProfileName], _set_list(MAX_PROFILES)] = []
+    """Profiles migpart may create; empty or absent: every profile the GPU offers."""
+    deny: Annotated[list[ProfileName], _set_list(MAX_PROFILES)] = []
+    """Profiles migpart never creates; must not name a profile that allow names."""
 
     @model_validator(mode="after")
     def _allow_deny_disjoint(self) -> ProfileFilter:
@@ -314,6 +338,9 @@ class ProfileFilter(_Model):
             raise ValueError(
                 f"allow and deny must not name the same profile (both name {', '.join(both)})"
             )
+        for name, names in (("allow", self.allow), ("deny", self.deny)):
+            if len(set(names)) != len(names):
+                raise ValueError(f"{name} names a profile twice")
         return self
 
 
@@ -328,7 +355,9 @@ class Reconfiguration(_Model):
     """Disruption limits."""
 
     batch_window_seconds: Annotated[int, Field(ge=0, le=3600)] = 2
+    """Gather pending claims this long before planning."""
     max_concurrent_nodes: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Nodes being repartitioned at once."""
 
 
 _SPARES_NOT_DENIED_RULE = {
@@ -356,10 +385,14 @@ class GpuPartitionPolicySpec(_Model):
     )
 
     mode: PolicyMode = "Active"
+    """Active changes MIG layouts; DryRun plans and reports, and changes nothing."""
     priority: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    """A node matched by several policies follows the one with the highest priority."""
     node_selector: LabelSelector = LabelSelector()
+    """Nodes (by Node labels) this policy manages; empty selects every node with a MigNode."""
     profiles: ProfileFilter = ProfileFilter()
-    spares: Annotated[list[SpareSpec], Field(max_length=MAX_SPARES)] = []
+    spares: Annotated[list[SpareSpec], _map_list("profile", MAX_SPARES)] = []
+    """Free instances to keep ready across the policy's nodes."""
     reconfiguration: Reconfiguration = Reconfiguration()
 
     @model_validator(mode="after")
@@ -401,10 +434,13 @@ class GpuPartitionPolicyStatus(_Model):
 
     observed_generation: NonNegative | None = None
     nodes: NonNegative = 0
+    """Nodes this policy manages."""
     gpus: NonNegative = 0
+    """MIG-enabled GPUs on those nodes."""
     pending_requests: NonNegative = 0
+    """Claims under this policy that no plan could satisfy yet."""
     last_plan: LastPlan | None = None
-    conditions: list[Condition] = []
+    conditions: Annotated[list[Condition], _map_list("type")] = []
 
 
 class GpuPartitionPolicy(_Model):
