@@ -228,3 +228,65 @@ async def test_kube_claims_reads_allocation_from_the_api_server(
         await source.allocation(ns, "agent-it-claim", "some-other-uid")
     with pytest.raises(ClaimNotFound, match="not found"):
         await source.allocation(ns, "no-such-claim", uid)
+
+
+async def test_migpart_agent_command_runs_on_the_simulator(crds: Testbed, short_dir: Path) -> None:
+    """`migpart agent --simulate` as its own process: reports, serves /readyz and /metrics,
+    and exits cleanly on SIGTERM."""
+    import os
+    import signal
+    import socket
+    import sys
+
+    import aiohttp
+
+    node = "agent-it-cli"
+    await asyncio.to_thread(crds.add_node, node)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "migpart.cli",
+        "agent",
+        "--node-name",
+        node,
+        "--simulate",
+        f"{H100}:1,NVIDIA H200:1",
+        "--sim-latency-ms",
+        "5",
+        "--kubeconfig",
+        str(crds.kubeconfig),
+        "--state-dir",
+        str(short_dir / "state"),
+        "--cdi-dir",
+        str(short_dir / "cdi"),
+        "--plugin-dir",
+        str(short_dir / "plugin"),
+        "--registration-dir",
+        str(short_dir / "registry"),
+        "--metrics-port",
+        str(port),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        obj = await until(crds, node, lambda o: len(o.get("status", {}).get("gpus", [])) == 2)
+        assert [g["model"] for g in obj["status"]["gpus"]] == [H100, "NVIDIA H200"]
+        assert (short_dir / "registry" / "mig.migpart.io-reg.sock").exists()
+        assert (short_dir / "plugin" / "dra.sock").exists()
+        async with aiohttp.ClientSession() as http:
+            while True:  # readiness follows the first status write
+                async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
+                    if r.status == 200:
+                        break
+                await asyncio.sleep(0.1)
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                assert "migpart_agent_reconcile_duration_seconds" in await r.text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    assert not (short_dir / "registry" / "mig.migpart.io-reg.sock").exists()

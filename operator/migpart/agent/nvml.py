@@ -157,9 +157,9 @@ class RealNvml:
         table = await self.profile_table(gpu)
         return await self._run(f"instances of GPU {gpu}", lambda: self._list(gpu, table))
 
-    def _mig_uuids(self, handle: Any) -> dict[tuple[int, int], str]:
-        """(GI id, CI id) -> MIG device UUID, over the GPU's MIG device handles."""
-        out: dict[tuple[int, int], str] = {}
+    def _mig_devices(self, handle: Any) -> dict[tuple[int, int], tuple[str, Any]]:
+        """(GI id, CI id) -> (MIG device UUID, MIG device handle) of the GPU's MIG devices."""
+        out: dict[tuple[int, int], tuple[str, Any]] = {}
         for i in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
                 mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
@@ -171,8 +171,11 @@ class RealNvml:
                 int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
                 int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
             )
-            out[key] = _text(pynvml.nvmlDeviceGetUUID(mig))
+            out[key] = (_text(pynvml.nvmlDeviceGetUUID(mig)), mig)
         return out
+
+    def _mig_uuids(self, handle: Any) -> dict[tuple[int, int], str]:
+        return {key: uuid for key, (uuid, _h) in self._mig_devices(handle).items()}
 
     def _gpu_instances(self, handle: Any, table: ModelTable) -> list[tuple[Profile, Any, Any]]:
         """(profile, GI handle, GI info) of every GPU instance."""
@@ -231,12 +234,12 @@ class RealNvml:
             h = pynvml.nvmlDeviceGetHandleByIndex(gpu)
             gi = self._find_gi(h, table, profile, start)
             gi_id = int(pynvml.nvmlGpuInstanceGetInfo(gi).id)
-            for (g, _c), uuid in self._mig_uuids(h).items():
+            pids: set[int] = set()
+            for (g, _c), (_uuid, mig) in self._mig_devices(h).items():
                 if g == gi_id:
-                    mig = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                     procs = pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
-                    return sorted(int(p.pid) for p in procs)
-            return []
+                    pids.update(int(p.pid) for p in procs)
+            return sorted(pids)
 
         return await self._run(f"processes of {profile}@{start} on GPU {gpu}", read)
 
