@@ -1,0 +1,227 @@
+"""Reaction time of migpart end to end, on the testbed with the real scheduler.
+
+For each pod, whose claim no current layout serves, it measures the time from the pod's
+creation to the pod bound with its claim allocated, split into where that time goes:
+
+- batching + planning: pod created -> the operator wrote a new MigNode.spec.planId
+  (of which planning itself is the policy's status.lastPlan.durationMillis),
+- agent: planId written -> the agent reports it converged (status.observedPlanId),
+- publish: converged -> the new device is in the node's ResourceSlice,
+- scheduler: device published -> pod bound with its claim allocated (scheduler retry).
+
+One GPU per node and one pod at a time, each asking a profile other than the free instance
+left by the previous pod, so every pod needs a repartition. Run twice: simulated NVML latency
+zero and a realistic value. Usage: `python bench/e2e_latency.py [--pods 50] [--latency-ms 500]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config
+
+from migpart.demo.cluster import LocalCluster
+from migpart.demo.kubelet import SimKubelet
+from migpart.testbed import Testbed
+
+PROFILES = ["3g.40gb", "1g.10gb", "2g.20gb", "1g.20gb", "4g.40gb", "7g.80gb"]
+NAMESPACE = "bench"
+
+
+@dataclass
+class Sample:
+    total: float
+    batching: float
+    planning: float
+    agent: float
+    publish: float
+    scheduler: float
+
+
+async def one_pod(
+    api: client.ApiClient, kubelet: SimKubelet, node: str, i: int, pool: str
+) -> Sample:
+    core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    profile = PROFILES[i % len(PROFILES)]
+    name = f"{pool}-{i}"
+    template: Any = {
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": "mig.migpart.io",
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": f'device.attributes["mig.migpart.io"].profile == "{profile}"'
+                                        }
+                                    }
+                                ],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    await res.create_namespaced_resource_claim_template(NAMESPACE, template)
+    before = await custom.get_cluster_custom_object("migpart.io", "v1alpha1", "mignodes", node)
+    old_plan = (before.get("spec") or {}).get("planId")
+    pod: Any = {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    t0 = time.monotonic()
+    await core.create_namespaced_pod(NAMESPACE, pod)
+    t_plan = t_agent = t_slice = t_bound = 0.0
+    new_plan = None
+    while not t_bound:
+        now = time.monotonic()
+        if now - t0 > 120:
+            raise TimeoutError(f"pod {name} not served in 120 s")
+        mn = await custom.get_cluster_custom_object("migpart.io", "v1alpha1", "mignodes", node)
+        plan = (mn.get("spec") or {}).get("planId")
+        if not t_plan and plan and plan != old_plan:
+            t_plan, new_plan = now, plan
+        if t_plan and not t_agent and (mn.get("status") or {}).get("observedPlanId") == new_plan:
+            t_agent = now
+        if t_agent and not t_slice:
+            slices = await res.list_resource_slice(field_selector=f"spec.nodeName={node}")
+            names = {d.name for s in slices.items for d in s.spec.devices or []}
+            if any(n.split("-")[2] == profile.replace(".", "") for n in names):
+                t_slice = now
+        body = await core.read_namespaced_pod(name, NAMESPACE)
+        if body.spec.node_name and body.status.resource_claim_statuses:
+            claim = await res.read_namespaced_resource_claim(
+                body.status.resource_claim_statuses[0].resource_claim_name, NAMESPACE
+            )
+            if claim.status and claim.status.allocation:
+                t_bound = now
+                await kubelet.start_pod(body)
+                await kubelet.finish_pod(NAMESPACE, name, node)
+        await asyncio.sleep(0.05)
+    policy = await custom.get_cluster_custom_object(
+        "migpart.io", "v1alpha1", "gpupartitionpolicies", pool
+    )
+    planning = policy["status"]["lastPlan"]["durationMillis"] / 1000
+    t_plan = t_plan or t_bound
+    t_agent = t_agent or t_plan
+    t_slice = t_slice or t_agent
+    return Sample(
+        t_bound - t0,
+        t_plan - t0 - planning,
+        planning,
+        t_agent - t_plan,
+        t_slice - t_agent,
+        t_bound - t_slice,
+    )
+
+
+async def series(cluster: LocalCluster, node: str, pool: str, pods: int) -> list[Sample]:
+    api = await config.new_client_from_config(config_file=str(cluster.testbed.kubeconfig))
+    kubelet = SimKubelet(api, {n.name: n.plugin_socket for n in cluster.nodes.values()})
+    try:
+        return [await one_pod(api, kubelet, node, i, pool) for i in range(pods)]
+    finally:
+        await kubelet.close()
+        await api.close()
+
+
+def report(label: str, samples: list[Sample]) -> None:
+    def pct(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    totals = [s.total for s in samples]
+    print(
+        f"{label}: {len(samples)} pods  p50 {statistics.median(totals):.2f} s  "
+        f"p95 {pct(totals, 0.95):.2f} s  max {max(totals):.2f} s"
+    )
+    for part in ("batching", "planning", "agent", "publish", "scheduler"):
+        values = [getattr(s, part) for s in samples]
+        print(
+            f"    {part:<10} median {statistics.median(values):6.3f} s   "
+            f"p95 {pct(values, 0.95):6.3f} s"
+        )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--pods", type=int, default=50)
+    p.add_argument(
+        "--latency-ms",
+        type=float,
+        default=500.0,
+        help="realistic simulated NVML latency per GPU/compute instance operation",
+    )
+    p.add_argument("--batch-window", type=int, default=0)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="migpart-bench-"))
+    testbed = Testbed(work / "testbed")
+    cluster = LocalCluster(testbed, work)
+    try:
+        testbed.start()
+        cluster.install()
+        testbed.kubectl("create", "namespace", NAMESPACE)
+        for pool, latency in (("fast", 0.0), ("slow", args.latency_ms)):
+            cluster.add_gpu_node(
+                f"{pool}-node", "NVIDIA H100 80GB HBM3:1", {"migpart.io/pool": pool}, latency
+            )
+            testbed.kubectl(
+                "apply",
+                "-f",
+                "-",
+                input=(
+                    "apiVersion: migpart.io/v1alpha1\nkind: GpuPartitionPolicy\n"
+                    f"metadata: {{name: {pool}}}\nspec:\n  nodeSelector: {{matchLabels: "
+                    f"{{migpart.io/pool: {pool}}}}}\n  reconfiguration: {{batchWindowSeconds: "
+                    f"{args.batch_window}, maxConcurrentNodes: 1}}\n"
+                ),
+            )
+        cluster.wait_for(
+            "agents",
+            lambda: (
+                "fast-node" in testbed.kubectl("get", "mignodes", "-o", "name")
+                and "slow-node" in testbed.kubectl("get", "mignodes", "-o", "name")
+            ),
+        )
+        cluster.start_operator()
+        print(
+            f"e2e latency, batch window {args.batch_window} s, one H100 per node, "
+            f"logs in {work / 'logs'}"
+        )
+        for pool, latency in (("fast", 0.0), ("slow", args.latency_ms)):
+            samples = asyncio.run(series(cluster, f"{pool}-node", pool, args.pods))
+            report(f"NVML latency {latency:.0f} ms", samples)
+        cluster.check_alive()
+    finally:
+        cluster.stop()
+        testbed.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""End-to-end fixtures: one local cluster per session (testbed, operator), nodes per test.
+
+Each test gets its own namespace, its own node pool label and its own policy, so tests do not
+see each other's demand. A monitor thread checks the one invariant that matters during every
+test: no device allocated to a claim of a live pod ever disappears from its node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from migpart.demo.cluster import LocalCluster
+from migpart.demo.kubelet import SimKubelet
+from migpart.mig import device_name
+from migpart.testbed import Testbed
+
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+_ids = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def cluster(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(testbed, tmp_path_factory.mktemp("e2e"))
+    local.install()
+    local.start_operator()
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+class InvariantMonitor(threading.Thread):
+    """Polls claims and MigNodes; records any allocated device that vanished from its node."""
+
+    def __init__(self, testbed: Testbed) -> None:
+        super().__init__(daemon=True)
+        self.testbed = testbed
+        self.stop_event = threading.Event()
+        self.violations: list[str] = []
+        self.seen: dict[str, set[str]] = {}
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.2):
+            self.check()
+
+    def check(self) -> None:
+        nodes = json.loads(self.testbed.kubectl("get", "mignodes", "-o", "json"))["items"]
+        claims = json.loads(self.testbed.kubectl("get", "resourceclaims", "-A", "-o", "json"))
+        in_use: dict[str, set[str]] = {}
+        for claim in claims["items"]:
+            status = claim.get("status") or {}
+            if not status.get("reservedFor"):
+                continue
+            for r in (status.get("allocation") or {}).get("devices", {}).get("results", []):
+                if r["driver"] == "mig.migpart.io":
+                    in_use.setdefault(r["pool"], set()).add(r["device"])
+        for node in nodes:
+            name = node["metadata"]["name"]
+            present = {
+                device_name(g["index"], i["profile"], i["start"])
+                for g in (node.get("status") or {}).get("gpus", [])
+                for i in g.get("instances", [])
+            }
+            lost = (self.seen.get(name, set()) - present) & in_use.get(name, set())
+            self.violations += [f"{name}/{d} destroyed while allocated" for d in sorted(lost)]
+            self.seen[name] = present
+
+
+@dataclass
+class Scenario:
+    """Per-test helpers around the shared cluster."""
+
+    cluster: LocalCluster
+    namespace: str
+    pool: str
+    monitor: InvariantMonitor
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def tb(self) -> Testbed:
+        return self.cluster.testbed
+
+    def add_node(self, gpus: str, sim_latency_ms: float = 0.0) -> str:
+        name = f"{self.pool}-n{len(self.nodes) + 1}"
+        self.cluster.add_gpu_node(name, gpus, {"migpart.io/pool": self.pool}, sim_latency_ms)
+        self.nodes.append(name)
+        self.cluster.wait_for(f"MigNode {name} inventory", lambda: bool(self.gpus(name)))
+        return name
+
+    def policy(self, mode: str = "Active", **spec: Any) -> str:
+        body = {
+            "apiVersion": "migpart.io/v1alpha1",
+            "kind": "GpuPartitionPolicy",
+            "metadata": {"name": self.pool},
+            "spec": {
+                "mode": mode,
+                "nodeSelector": {"matchLabels": {"migpart.io/pool": self.pool}},
+                "reconfiguration": {"batchWindowSeconds": 1, "maxConcurrentNodes": 4},
+                **spec,
+            },
+        }
+        self.tb.kubectl("apply", "-f", "-", input=json.dumps(body))
+        return self.pool
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.tb.kubectl("get", *args, "-o", "json"))
+
+    def mignode(self, node: str) -> Any:
+        return self.get("mignode", node)
+
+    def gpus(self, node: str) -> list[Any]:
+        out = self.tb.kubectl("get", "mignode", node, "-o", "json", check=False)
+        return list((json.loads(out).get("status") or {}).get("gpus", [])) if out else []
+
+    def pod(self, name: str, selector: str, count: int = 1) -> None:
+        """A pod with a claim template of `count` MIG devices matching the CEL `selector`."""
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {
+                                    "deviceClassName": "mig.migpart.io",
+                                    "count": count,
+                                    "selectors": [{"cel": {"expression": selector}}],
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }
+        self.tb.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [template, pod]}),
+        )
+
+    def allocated(self, pod: str) -> list[dict[str, str]]:
+        """The devices of the pod's claim once it is bound and allocated, else []."""
+        body = self.get("pod", pod, "-n", self.namespace)
+        if not body["spec"].get("nodeName"):
+            return []
+        statuses = body.get("status", {}).get("resourceClaimStatuses", [])
+        if not statuses:
+            return []
+        claim = self.get("resourceclaim", statuses[0]["resourceClaimName"], "-n", self.namespace)
+        alloc = (claim.get("status") or {}).get("allocation")
+        return list(alloc["devices"]["results"]) if alloc else []
+
+    def wait_served(self, pod: str, timeout_s: float = 120.0) -> list[dict[str, str]]:
+        self.eventually(
+            f"pod {pod} bound with its claim allocated",
+            lambda: bool(self.allocated(pod)),
+            timeout_s,
+        )
+        devices = self.allocated(pod)
+        self.kubelet("start", pod)
+        return devices
+
+    def kubelet(self, action: str, pod: str) -> None:
+        """Run the simulated kubelet's start (prepare + Running) or finish (unprepare +
+        delete) for one pod, against the agents' real gRPC plugin."""
+        asyncio.run(_kubelet(self.cluster, self.namespace, pod, action))
+
+    def eventually(self, what: str, ready: Callable[[], bool], timeout_s: float = 120.0) -> None:
+        self.cluster.wait_for(what, ready, timeout_s)
+
+    def cleanup(self) -> None:
+        self.tb.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
+        self.tb.kubectl("delete", "gpupartitionpolicy", self.pool, "--wait=false", check=False)
+
+
+async def _kubelet(cluster: LocalCluster, namespace: str, pod: str, action: str) -> None:
+    api = await config.new_client_from_config(config_file=str(cluster.testbed.kubeconfig))
+    kubelet = SimKubelet(api, {n.name: n.plugin_socket for n in cluster.nodes.values()})
+    try:
+        body = await client.CoreV1Api(api).read_namespaced_pod(pod, namespace)
+        if action == "start":
+            await kubelet.start_pod(body)
+        else:
+            kubelet.prepared[f"{namespace}/{pod}"] = await kubelet._claims_of(body)
+            await kubelet.finish_pod(namespace, pod, body.spec.node_name)
+    finally:
+        await kubelet.close()
+        await api.close()
+
+
+@pytest.fixture
+def scenario(cluster: LocalCluster) -> Iterator[Scenario]:
+    n = next(_ids)
+    namespace = f"e2e-{n}"
+    cluster.testbed.kubectl("create", "namespace", namespace)
+    monitor = InvariantMonitor(cluster.testbed)
+    monitor.start()
+    sc = Scenario(cluster, namespace, f"pool{n}", monitor)
+    try:
+        yield sc
+    finally:
+        monitor.stop_event.set()
+        monitor.join()
+        sc.cleanup()
+    assert monitor.violations == [], monitor.violations
+
+
+def wait_s(seconds: float) -> None:
+    """A pause for observing that something does NOT happen (never a pass condition alone)."""
+    time.sleep(seconds)

@@ -1,0 +1,166 @@
+"""End to end: pods whose claims no current MIG layout serves get served by the real
+kube-scheduler after migpart repartitions, with real agents on simulated NVML."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.e2e.conftest import H100, H200, Scenario, wait_s
+
+pytestmark = pytest.mark.e2e
+
+
+def by_profile(profile: str) -> str:
+    return f'device.attributes["mig.migpart.io"].profile == "{profile}"'
+
+
+def by_memory(quantity: str) -> str:
+    return f'device.capacity["mig.migpart.io"].memory.compareTo(quantity("{quantity}")) >= 0'
+
+
+def instances(sc: Scenario, node: str, state: str | None = None) -> list[tuple[int, str, str]]:
+    return [
+        (g["index"], i["profile"], i["state"])
+        for g in sc.gpus(node)
+        for i in g.get("instances", [])
+        if state is None or i["state"] == state
+    ]
+
+
+def test_pending_pod_is_served_by_a_new_instance(scenario: Scenario) -> None:
+    node = scenario.add_node(f"{H100}:1")
+    assert instances(scenario, node) == []
+    scenario.policy()
+    scenario.pod("p1", by_profile("3g.40gb"))
+    devices = scenario.wait_served("p1")
+    assert [(d["pool"], d["device"].rsplit("-", 1)[0]) for d in devices] == [(node, "gpu-0-3g40gb")]
+    scenario.eventually(
+        "the instance reported Prepared by the agent",
+        lambda: instances(scenario, node, "Prepared") == [(0, "3g.40gb", "Prepared")],
+    )
+    policy = scenario.get("gpp", scenario.pool)
+    assert policy["status"]["lastPlan"]["satisfied"] >= 1
+
+
+def test_multi_device_claim_lands_on_one_node(scenario: Scenario) -> None:
+    scenario.add_node(f"{H100}:1")
+    scenario.add_node(f"{H100}:1")
+    scenario.policy()
+    scenario.pod("trio", by_profile("2g.20gb"), count=3)
+    devices = scenario.wait_served("trio")
+    assert len(devices) == 3
+    assert len({d["pool"] for d in devices}) == 1
+    assert len({d["device"] for d in devices}) == 3
+
+
+def test_several_models_and_capacity_selectors(scenario: Scenario) -> None:
+    h100 = scenario.add_node(f"{H100}:1")
+    h200 = scenario.add_node(f"{H200}:1")
+    scenario.policy()
+    scenario.pod("on-h200", by_profile("1g.18gb"))
+    scenario.pod("on-h100", by_profile("1g.10gb"))
+    scenario.pod("big-memory", by_memory("60Gi"))
+    assert scenario.wait_served("on-h200")[0]["pool"] == h200
+    assert scenario.wait_served("on-h100")[0]["pool"] == h100
+    assert scenario.wait_served("big-memory")[0]["pool"] in {h100, h200}
+
+
+def test_dry_run_plans_and_changes_nothing(scenario: Scenario) -> None:
+    node = scenario.add_node(f"{H100}:1")
+    spec_before = scenario.mignode(node).get("spec")
+    scenario.policy(mode="DryRun")
+    scenario.pod("dry", by_profile("1g.10gb"))
+
+    def reported() -> bool:
+        last = (scenario.get("gpp", scenario.pool).get("status") or {}).get("lastPlan")
+        return bool(last) and last["satisfied"] >= 1
+
+    scenario.eventually("a DryRun plan in the policy status", reported)
+    wait_s(3)
+    assert scenario.mignode(node).get("spec") == spec_before
+    assert instances(scenario, node) == []
+    assert scenario.allocated("dry") == []
+
+
+def test_max_concurrent_nodes_is_respected(scenario: Scenario) -> None:
+    nodes = [scenario.add_node(f"{H100}:1", sim_latency_ms=300) for _ in range(3)]
+    scenario.policy(reconfiguration={"batchWindowSeconds": 1, "maxConcurrentNodes": 1})
+    peak = [0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            busy = 0
+            for node in nodes:
+                body = scenario.mignode(node)
+                plan = (body.get("spec") or {}).get("planId")
+                if plan and plan != (body.get("status") or {}).get("observedPlanId"):
+                    busy += 1
+            peak[0] = max(peak[0], busy)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        for i in range(3):
+            scenario.pod(f"whole-{i}", by_profile("7g.80gb"))
+        served = {scenario.wait_served(f"whole-{i}", 180)[0]["pool"] for i in range(3)}
+    finally:
+        done.set()
+        watcher.join()
+    assert served == set(nodes)
+    assert peak[0] == 1
+
+
+def test_spares_are_kept_free(scenario: Scenario) -> None:
+    node = scenario.add_node(f"{H100}:1")
+    scenario.policy(spares=[{"profile": "1g.10gb", "count": 2}])
+    scenario.eventually(
+        "two free 1g.10gb spares",
+        lambda: [p for _, p, _ in instances(scenario, node, "Free")].count("1g.10gb") >= 2,
+    )
+
+
+def test_deleted_pod_frees_its_device_for_reuse(scenario: Scenario) -> None:
+    node = scenario.add_node(f"{H100}:1")
+    scenario.policy()
+    scenario.pod("first", by_profile("4g.40gb"))
+    first = scenario.wait_served("first")
+    plan_id = scenario.mignode(node)["spec"]["planId"]
+    scenario.kubelet("finish", "first")
+    scenario.eventually(
+        "the instance is free again",
+        lambda: instances(scenario, node, "Free") == [(0, "4g.40gb", "Free")],
+    )
+    scenario.pod("second", by_profile("4g.40gb"))
+    second = scenario.wait_served("second")
+    assert second[0]["device"] == first[0]["device"]
+    assert scenario.mignode(node)["spec"]["planId"] == plan_id  # reused, no repartition
+
+
+def test_allocation_racing_a_withdrawal_never_loses_a_device(scenario: Scenario) -> None:
+    """A free 7g.80gb is both what one new pod wants as is and what migpart must destroy to
+    serve another pod's 1g.10gb. Whichever wins, nothing allocated is destroyed (the monitor
+    of the `scenario` fixture checks that throughout)."""
+    node = scenario.add_node(f"{H100}:1", sim_latency_ms=100)
+    scenario.policy()
+    scenario.pod("warmup", by_profile("7g.80gb"))
+    scenario.wait_served("warmup")
+    scenario.kubelet("finish", "warmup")
+    scenario.eventually(
+        "the 7g.80gb is free", lambda: instances(scenario, node, "Free") == [(0, "7g.80gb", "Free")]
+    )
+    scenario.pod("small", by_profile("1g.10gb"))
+    scenario.pod("whole", by_profile("7g.80gb"))
+    scenario.eventually(
+        "one of the two racing pods served",
+        lambda: bool(scenario.allocated("small")) or bool(scenario.allocated("whole")),
+    )
+    wait_s(4)  # give a wrong destroy every chance to happen
+    small, whole = scenario.allocated("small"), scenario.allocated("whole")
+    assert bool(small) != bool(whole), (small, whole)
+    if whole:
+        assert instances(scenario, node) == [(0, "7g.80gb", "Free")] or instances(
+            scenario, node
+        ) == [(0, "7g.80gb", "Prepared")]
