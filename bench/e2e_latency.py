@@ -53,6 +53,7 @@ async def one_pod(
     custom = client.CustomObjectsApi(api)
     profile = PROFILES[i % len(PROFILES)]
     name = f"{pool}-{i}"
+    selector = f'device.attributes["mig.migpart.io"].profile == "{profile}"'
     template: Any = {
         "metadata": {"name": name},
         "spec": {
@@ -63,13 +64,7 @@ async def one_pod(
                             "name": "gpu",
                             "exactly": {
                                 "deviceClassName": "mig.migpart.io",
-                                "selectors": [
-                                    {
-                                        "cel": {
-                                            "expression": f'device.attributes["mig.migpart.io"].profile == "{profile}"'
-                                        }
-                                    }
-                                ],
+                                "selectors": [{"cel": {"expression": selector}}],
                             },
                         }
                     ]
