@@ -64,7 +64,7 @@ bench: venv
 	$(PY) bench/planner.py
 
 demo: venv proto testbed
-	$(PY) -m migpart.cli demo
+	$(PY) -m migpart.cli demo $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
