@@ -1,0 +1,324 @@
+"""Pending ResourceClaims become planner Requests (or a reason why not), with real CEL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from migpart.kube.demand import (
+    ClaimDemand,
+    Unsatisfiable,
+    claim_demand,
+    class_selectors,
+    demand,
+    is_ours,
+)
+from migpart.mig import CATALOG
+from migpart.planning.model import PolicyView, Request
+
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+TABLES = {H100: CATALOG[H100]}
+BOTH = {H100: CATALOG[H100], H200: CATALOG[H200]}
+ATTR = 'device.attributes["mig.migpart.io"]'
+CAP = 'device.capacity["mig.migpart.io"]'
+ANY = PolicyView()
+
+
+def _class(*expressions: str) -> dict[str, Any]:
+    return {"spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]}}
+
+
+CLASSES = {
+    "mig.migpart.io": _class('device.driver == "mig.migpart.io"'),
+    "mig-large": _class(
+        'device.driver == "mig.migpart.io"', f"{CAP}.computeSlices.asInteger() >= 3"
+    ),
+    "gpu.nvidia.com": _class('device.driver == "gpu.nvidia.com"'),
+    "nvidia-mig": _class('device.attributes["gpu.nvidia.com"].type == "mig"'),
+}
+
+
+def _exactly(*selectors: str, cls: str = "mig.migpart.io", **extra: Any) -> dict[str, Any]:
+    return {
+        "deviceClassName": cls,
+        "selectors": [{"cel": {"expression": s}} for s in selectors],
+        **extra,
+    }
+
+
+def _claim(
+    *requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": list(requests)}
+    if constraints:
+        devices["constraints"] = constraints
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": "team-a", "name": "c1"},
+        "spec": {"devices": devices},
+    }
+
+
+def _req(name: str = "gpu", **exactly: Any) -> dict[str, Any]:
+    selectors = exactly.pop("selectors", ())
+    return {"name": name, "exactly": _exactly(*selectors, **exactly)}
+
+
+def _wanted(result: ClaimDemand | Unsatisfiable | None) -> ClaimDemand:
+    assert isinstance(result, ClaimDemand), result
+    return result
+
+
+def _refused(result: ClaimDemand | Unsatisfiable | None) -> Unsatisfiable:
+    assert isinstance(result, Unsatisfiable), result
+    assert result.claim == "team-a/c1"
+    return result
+
+
+@pytest.mark.parametrize(
+    ("request_body", "profiles", "count"),
+    [
+        (_req(selectors=[f'{ATTR}.profile == "1g.10gb"']), ("1g.10gb",), 1),
+        (
+            _req(selectors=[f'{CAP}.memory.compareTo(quantity("20Gi")) >= 0']),
+            ("3g.40gb", "4g.40gb", "7g.80gb"),
+            1,
+        ),
+        (
+            _req(selectors=[f'{CAP}.memory.compareTo(quantity("9Gi")) >= 0']),
+            ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+            1,
+        ),
+        (_req(selectors=[f'{ATTR}.profile == "1g.10gb"'], count=2), ("1g.10gb",), 2),
+        (
+            _req(cls="mig-large", allocationMode="ExactCount", count=3),
+            ("3g.40gb", "4g.40gb", "7g.80gb"),
+            3,
+        ),
+    ],
+)
+def test_exactly_requests(
+    request_body: dict[str, Any], profiles: tuple[str, ...], count: int
+) -> None:
+    got = _wanted(claim_demand(_claim(request_body), CLASSES, TABLES, ANY, priority=5))
+    assert got.request == Request(name="team-a/c1", profiles=profiles, count=count, priority=5)
+    assert got.claim == "team-a/c1"
+    assert not got.same_gpu
+
+
+def test_impossible_request_says_why() -> None:
+    claim = _claim(_req(selectors=[f'{CAP}.memory.compareTo(quantity("100Gi")) >= 0']))
+    got = _refused(claim_demand(claim, CLASSES, TABLES, ANY, policy_name="inference-pool"))
+    assert got.reason == (
+        "request gpu: no MIG profile of NVIDIA H100 80GB HBM3 allowed by policy inference-pool"
+        ' satisfies device.capacity["mig.migpart.io"].memory.compareTo(quantity("100Gi")) >= 0'
+    )
+    assert got.error is None
+
+
+def test_policy_filters_candidates_and_says_which_it_forbids() -> None:
+    policy = PolicyView(allowed=frozenset({"1g.10gb", "2g.20gb", "3g.40gb"}))
+    claim = _claim(_req(selectors=[f'{CAP}.memory.compareTo(quantity("20Gi")) >= 0']))
+    assert _wanted(claim_demand(claim, CLASSES, TABLES, policy)).request.profiles == ("3g.40gb",)
+    denied = PolicyView(denied=frozenset({"3g.40gb", "4g.40gb", "7g.80gb"}))
+    got = _refused(claim_demand(claim, CLASSES, TABLES, denied, policy_name="p"))
+    assert "3g.40gb, 4g.40gb, 7g.80gb would, but policy p does not allow it" in got.reason
+
+
+@pytest.mark.parametrize("cls", ["gpu.nvidia.com", "nvidia-mig", "no-such-class"])
+def test_other_drivers_classes_are_ignored(cls: str) -> None:
+    assert claim_demand(_claim(_req(cls=cls)), CLASSES, TABLES, ANY) is None
+
+
+def test_only_our_requests_of_a_mixed_claim_count() -> None:
+    claim = _claim(
+        _req("nic", cls="gpu.nvidia.com"), _req("mig", selectors=[f'{ATTR}.profile == "7g.80gb"'])
+    )
+    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY))
+    assert got.request.profiles == ("7g.80gb",)
+    assert got.request.count == 1
+
+
+def test_allocated_claims_and_admin_access_need_nothing() -> None:
+    allocated = _claim(_req()) | {"status": {"allocation": {"devices": {"results": []}}}}
+    assert claim_demand(allocated, CLASSES, TABLES, ANY) is None
+    assert claim_demand(_claim(_req(adminAccess=True)), CLASSES, TABLES, ANY) is None
+
+
+def test_allocation_mode_all_is_unsatisfiable() -> None:
+    got = _refused(claim_demand(_claim(_req(allocationMode="All")), CLASSES, TABLES, ANY))
+    assert "allocationMode All" in got.reason
+
+
+def _alt(name: str, profile: str, count: int = 1) -> dict[str, Any]:
+    return {
+        "name": name,
+        "deviceClassName": "mig.migpart.io",
+        "selectors": [{"cel": {"expression": f'{ATTR}.profile == "{profile}"'}}],
+        "count": count,
+    }
+
+
+def test_first_available_gives_the_preference_order() -> None:
+    claim = _claim(
+        {"name": "gpu", "firstAvailable": [_alt("big", "3g.40gb"), _alt("small", "1g.10gb")]}
+    )
+    assert _wanted(claim_demand(claim, CLASSES, TABLES, ANY)).request.profiles == (
+        "3g.40gb",
+        "1g.10gb",
+    )
+
+
+def test_first_available_skips_impossible_and_foreign_alternatives() -> None:
+    foreign = {"name": "full", "deviceClassName": "gpu.nvidia.com"}
+    claim = _claim(
+        {
+            "name": "gpu",
+            "firstAvailable": [foreign, _alt("huge", "8g.96gb"), _alt("small", "1g.10gb")],
+        }
+    )
+    assert _wanted(claim_demand(claim, CLASSES, TABLES, ANY)).request.profiles == ("1g.10gb",)
+    hopeless = _claim({"name": "gpu", "firstAvailable": [_alt("huge", "8g.96gb")]})
+    assert "request gpu/huge" in _refused(claim_demand(hopeless, CLASSES, TABLES, ANY)).reason
+
+
+def test_first_available_with_counts_keeps_alternatives_apart() -> None:
+    claim = _claim(
+        {
+            "name": "gpu",
+            "firstAvailable": [_alt("pair", "1g.10gb", 2), _alt("one", "2g.20gb", 2)],
+        }
+    )
+    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY))
+    assert (got.request.profiles, got.request.count) == (("1g.10gb",), 2)
+
+
+def test_several_requests_share_common_profiles() -> None:
+    claim = _claim(
+        _req("a", selectors=[f'{CAP}.memory.compareTo(quantity("20Gi")) >= 0']),
+        _req("b", selectors=[f"{CAP}.computeSlices.asInteger() <= 4"], count=2),
+    )
+    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY))
+    assert (got.request.profiles, got.request.count) == (("3g.40gb", "4g.40gb"), 3)
+
+
+def test_several_requests_without_common_profile_are_refused() -> None:
+    claim = _claim(
+        _req("a", selectors=[f'{ATTR}.profile == "1g.10gb"']),
+        _req("b", selectors=[f'{ATTR}.profile == "3g.40gb"']),
+    )
+    got = _refused(claim_demand(claim, CLASSES, TABLES, ANY))
+    assert "requests a, b accept no common MIG profile" in got.reason
+
+
+@pytest.mark.parametrize("attribute", ["mig.migpart.io/parentUUID", "mig.migpart.io/gpuIndex"])
+def test_match_attribute_on_the_gpu_means_same_gpu(attribute: str) -> None:
+    claim = _claim(
+        _req(selectors=[f"{CAP}.memorySlices.asInteger() <= 4"], count=2),
+        constraints=[{"matchAttribute": attribute}],
+    )
+    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY))
+    assert got.same_gpu
+    # 4g.40gb cannot exist twice on one GPU; the others can.
+    assert got.request.profiles == ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb")
+    assert got.request.count == 2
+
+
+def test_too_many_for_one_gpu() -> None:
+    claim = _claim(
+        _req(selectors=[f'{ATTR}.profile == "3g.40gb"'], count=3),
+        constraints=[{"matchAttribute": "mig.migpart.io/parentUUID"}],
+    )
+    assert "do not fit on one GPU" in _refused(claim_demand(claim, CLASSES, TABLES, ANY)).reason
+
+
+@pytest.mark.parametrize(
+    ("attribute", "outcome"),
+    [
+        ("mig.migpart.io/profile", ("1g.10gb",)),
+        ("mig.migpart.io/productName", ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb")),
+        ("mig.migpart.io/uuid", "never share one"),
+        ("mig.migpart.io/color", "migpart devices have no color"),
+        ("gpu.nvidia.com/parentUUID", "no attributes of domain gpu.nvidia.com"),
+    ],
+)
+def test_other_constraints(attribute: str, outcome: tuple[str, ...] | str) -> None:
+    claim = _claim(
+        _req(selectors=[f"{CAP}.memorySlices.asInteger() <= 2"], count=2),
+        constraints=[{"matchAttribute": attribute}],
+    )
+    got = claim_demand(claim, CLASSES, TABLES, ANY)
+    if isinstance(outcome, str):
+        assert outcome in _refused(got).reason
+    else:
+        assert _wanted(got).request.profiles == outcome
+
+
+def test_selector_errors_are_reported_with_the_error() -> None:
+    broken = _claim(_req(selectors=[f"{ATTR}.nope == 1"]))
+    got = _refused(claim_demand(broken, CLASSES, TABLES, ANY))
+    assert got.error is not None
+    assert got.error.runtime
+    assert "selector failed: no such member" in got.reason
+    malformed = _claim(_req(selectors=[f"{ATTR}.profile =="]))
+    got = _refused(claim_demand(malformed, CLASSES, TABLES, ANY))
+    assert got.error is not None
+    assert not got.error.runtime
+    assert "syntax error" in got.reason
+
+
+def test_candidates_per_model_and_eligible_nodes() -> None:
+    claim = _claim(_req(selectors=[f'{CAP}.memory.compareTo(quantity("16Gi")) >= 0']))
+    got = _wanted(
+        claim_demand(
+            claim,
+            CLASSES,
+            BOTH,
+            PolicyView(allowed=frozenset({"1g.18gb", "1g.10gb"})),
+            node_models={"h100-node": [H100], "h200-node": [H200], "mixed": [H100, H200]},
+        )
+    )
+    assert got.by_model == {H200: ("1g.18gb",)}
+    assert got.request.profiles == ("1g.18gb",)
+    assert got.request.nodes == frozenset({"h200-node", "mixed"})
+
+
+def test_no_known_model() -> None:
+    got = _refused(claim_demand(_claim(_req()), CLASSES, {}, ANY))
+    assert "no MIG GPU model is known" in got.reason
+
+
+def test_class_ownership() -> None:
+    assert is_ours(CLASSES["mig.migpart.io"], TABLES)
+    assert is_ours(CLASSES["mig-large"], TABLES)
+    assert is_ours(_class(), TABLES)
+    assert not is_ours(CLASSES["gpu.nvidia.com"], TABLES)
+    assert not is_ours(CLASSES["nvidia-mig"], TABLES)
+    assert is_ours(CLASSES["mig.migpart.io"], {})
+    assert class_selectors(CLASSES["mig-large"])[1].endswith(">= 3")
+
+
+def test_demand_splits_wanted_and_hopeless() -> None:
+    ok = _claim(_req(selectors=[f'{ATTR}.profile == "1g.10gb"']))
+    bad = _claim(_req(allocationMode="All"))
+    bad["metadata"]["name"] = "c2"
+    foreign = _claim(_req(cls="gpu.nvidia.com"))
+    wanted, hopeless = demand([ok, bad, foreign], CLASSES, TABLES, ANY, nodes=frozenset({"n1"}))
+    assert [w.request.name for w in wanted] == ["team-a/c1"]
+    assert wanted[0].request.nodes == frozenset({"n1"})
+    assert [h.claim for h in hopeless] == ["team-a/c2"]
+
+
+def test_deviceclass_manifest_is_ours() -> None:
+    body = yaml.safe_load(
+        (Path(__file__).parents[3] / "manifests" / "deviceclass.yaml").read_text()
+    )
+    assert body["apiVersion"] == "resource.k8s.io/v1"
+    assert body["metadata"]["name"] == "mig.migpart.io"
+    assert is_ours(body, TABLES)
+    assert not is_ours(body | {"spec": {"selectors": [{"cel": {"expression": "false"}}]}}, TABLES)
