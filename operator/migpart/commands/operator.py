@@ -1,0 +1,86 @@
+"""`migpart operator`: run the operator (kopf) with metrics and health endpoints.
+
+One active operator at a time: peering is off by default (`--standalone`); pass `--peering`
+to let several replicas coordinate through kopf's cluster-scoped peering object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from pathlib import Path
+
+import kopf
+import structlog
+
+from migpart import logs
+from migpart.controller.handlers import build_registry
+from migpart.controller.health import serve
+from migpart.controller.metrics import Metrics
+
+log = structlog.get_logger(__name__)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="migpart operator", description=__doc__)
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig file (default: in-cluster, else $KUBECONFIG)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        help="port for /metrics, /healthz, /readyz (0 disables)",
+    )
+    p.add_argument(
+        "--peering",
+        action="store_true",
+        help="coordinate with other replicas through kopf peering "
+        "(default: standalone, one active operator)",
+    )
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--tick-seconds",
+        type=float,
+        default=1.0,
+        help="how often policies are re-evaluated without any change",
+    )
+    return p.parse_args(argv)
+
+
+class _Memo(kopf.Memo):
+    """The memo that startup fills in (see migpart.controller.state)."""
+
+
+async def run(args: argparse.Namespace) -> None:
+    metrics = Metrics()
+    ready = asyncio.Event()
+    runner = None
+    if args.metrics_port:
+        runner = await serve(args.metrics_port, metrics.registry, ready)
+    memo = _Memo()
+    memo.metrics = metrics
+    try:
+        await kopf.operator(
+            registry=build_registry(args.kubeconfig, tick_s=args.tick_seconds),
+            clusterwide=True,
+            standalone=not args.peering,
+            ready_flag=ready,
+            memo=memo,
+        )
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logs.configure(args.log_level, json=args.log_json)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(args))
+    return 0

@@ -1,0 +1,235 @@
+"""kopf wiring: indexes over the watched objects, one planning daemon per policy, the slice
+publisher on MigNode changes, login, startup and cleanup.
+
+Handlers are registered on a registry built by `build_registry`, not on kopf's global one,
+so that a test can run a whole operator in-process next to its own test code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+import structlog
+from pydantic import ValidationError
+
+from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, MigNode
+from migpart.controller.errors import kopf_errors
+from migpart.controller.metrics import Metrics
+from migpart.controller.reconcile import Cluster, PolicyRound, parse_policy, report_invalid, strip
+from migpart.controller.state import Hooks, JournalEntry, OperatorState
+from migpart.kube.claims import claim_key, pod_claim_keys, pod_unschedulable
+from migpart.kube.client import open_client
+from migpart.kube.slices import Published, SlicePublisher
+
+log = structlog.get_logger(__name__)
+
+RESOURCE = ("resource.k8s.io", "v1")
+# A MigNode's slice is written on every MigNode event; this resync repairs a write that
+# failed (event handlers are not retried) and costs one GET per node per period.
+SLICE_RESYNC_S = 30.0
+
+
+def _state(memo: Any) -> OperatorState:
+    state: OperatorState = memo.state
+    return state
+
+
+def _plain(body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """A deep copy of some top-level fields: index values must not alias kopf's live bodies."""
+    return {k: copy.deepcopy(body[k]) for k in keys if k in body}
+
+
+def _flatten(index: Mapping[Any, Any]) -> dict[str, Any]:
+    """A kopf index (key -> store of values) as key -> the one value per key."""
+    out: dict[str, Any] = {}
+    for key, store in index.items():
+        for value in store:
+            out[str(key)] = value
+    return out
+
+
+def cluster_from(indexes: Mapping[str, Any]) -> Cluster:
+    """The round's view of the cluster, read from the live indexes."""
+    return Cluster(
+        mignodes=_flatten(indexes["mignodes_index"]),
+        node_labels=_flatten(indexes["nodes_index"]),
+        policies=_flatten(indexes["policies_index"]),
+        claims=_flatten(indexes["claims_index"]),
+        waiting=frozenset(str(k) for k in indexes["waiting_index"]),
+        device_classes=_flatten(indexes["classes_index"]),
+    )
+
+
+def build_registry(
+    kubeconfig: Path | None, hooks: Hooks | None = None, tick_s: float = 1.0
+) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+        settings.posting.enabled = True
+        settings.posting.reporting_component = "migpart"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.persistence.finalizer = f"{GROUP}/policy-daemon"
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        api, credentials = await open_client(kubeconfig)
+        metrics: Metrics = getattr(memo, "metrics", None) or Metrics()
+        publisher = SlicePublisher(api)
+        memo.state = OperatorState(
+            api=api,
+            credentials=credentials,
+            publisher=publisher,
+            metrics=metrics,
+            hooks=hooks or Hooks(),
+            tick_s=tick_s,
+        )
+
+        def published(result: Published) -> None:
+            metrics.slice_publishes.inc()
+            memo.state.hooks.record(
+                JournalEntry(
+                    "slice_published",
+                    result.node,
+                    result.devices,
+                    f"generation {result.generation}",
+                )
+            )
+
+        publisher.on_publish.append(published)
+        log.info("operator_started", server=credentials.server)
+
+    @kopf.on.login(registry=registry)
+    def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+        creds = _state(memo).credentials
+        return kopf.ConnectionInfo(
+            server=creds.server,
+            token=creds.token,
+            ca_path=creds.ca_path,
+            certificate_path=creds.certificate_path,
+            private_key_path=creds.private_key_path,
+            insecure=creds.insecure,
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: Any, **_: Any) -> None:
+        state = getattr(memo, "state", None)
+        if state is not None:
+            await state.api.close()
+        log.info("operator_stopped")
+
+    # ------------------------------------------------------------------ indexes
+
+    @kopf.index(*RESOURCE, "resourceclaims", registry=registry)
+    def claims_index(namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
+        _state(memo).wake_all()
+        value = _plain(body, ("metadata", "spec", "status"))
+        value["apiVersion"] = "resource.k8s.io/v1"
+        value["kind"] = "ResourceClaim"
+        return {claim_key(namespace or "", name): value}
+
+    @kopf.index("v1", "pods", registry=registry)
+    def waiting_index(body: kopf.Body, memo: Any, **_: Any) -> Any:
+        if not pod_unschedulable(body):
+            return None
+        _state(memo).wake_all()
+        pod = claim_key(body.metadata.namespace or "", body.metadata.name or "")
+        return {key: pod for key in pod_claim_keys(body)}
+
+    @kopf.index(GROUP, VERSION, MIGNODE_PLURAL, registry=registry)
+    def mignodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
+        _state(memo).wake_all()
+        return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
+
+    @kopf.index("v1", "nodes", registry=registry)
+    def nodes_index(name: str, labels: Mapping[str, str], memo: Any, **_: Any) -> Any:
+        _state(memo).wake_all()
+        return {name: dict(labels)}
+
+    @kopf.index(GROUP, VERSION, POLICY_PLURAL, registry=registry)
+    def policies_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
+        _state(memo).wake_all()
+        return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec"))}
+
+    @kopf.index(*RESOURCE, "deviceclasses", registry=registry)
+    def classes_index(name: str, body: kopf.Body, **_: Any) -> Any:
+        return {name: _plain(body, ("metadata", "spec"))}
+
+    # ------------------------------------------------------------------ slices
+
+    async def publish(name: str, body: Mapping[str, Any], memo: Any) -> None:
+        state = _state(memo)
+        try:
+            node = MigNode.model_validate(strip(body))
+        except ValidationError as error:
+            log.warning("mignode_invalid", node=name, error=str(error.errors()[0]))
+            return
+        state.publisher.observe(node)
+        with kopf_errors():
+            await state.publisher.publish(name)
+
+    @kopf.on.event(GROUP, VERSION, MIGNODE_PLURAL, registry=registry)
+    async def mignode_changed(
+        type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
+    ) -> None:
+        if type == "DELETED":
+            _state(memo).publisher.forget(name)
+            return
+        await publish(name, body, memo)
+
+    @kopf.timer(GROUP, VERSION, MIGNODE_PLURAL, interval=SLICE_RESYNC_S, registry=registry)
+    async def mignode_resync(name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+        await publish(name, body, memo)
+
+    # ------------------------------------------------------------------ policies
+
+    @kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)
+    async def policy_changed(
+        type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
+    ) -> None:
+        if type == "DELETED":
+            return
+        try:
+            parse_policy(body)
+        except ValidationError as error:
+            message = await report_invalid(_state(memo), name, body, error)
+            raise kopf.PermanentError(message) from error
+
+    @kopf.daemon(
+        GROUP,
+        VERSION,
+        POLICY_PLURAL,
+        registry=registry,
+        cancellation_timeout=10.0,
+        initial_delay=0.0,
+    )
+    async def policy_daemon(
+        name: str, body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **kwargs: Any
+    ) -> None:
+        """Plan for the policy whenever something it watches changed (or each tick, which
+        is when batch windows end); every round recomputes from the indexes."""
+        state = _state(memo)
+        wake = state.wakeup(name)
+        try:
+            while not stopped:
+                wake.clear()
+                try:
+                    parse_policy(body)
+                except ValidationError:
+                    pass  # reported by policy_changed; wait for the next change
+                else:
+                    with kopf_errors():
+                        await PolicyRound(state, name, body, cluster_from(kwargs)).run()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=state.tick_s)
+        finally:
+            state.wakeups.pop(name, None)
+
+    return registry

@@ -1,0 +1,44 @@
+"""Prometheus metrics of one operator instance (own registry: several operators may run in
+one test process without clashing in the global registry)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.pending_requests = Gauge(
+            "migpart_pending_requests",
+            "Pending claim requests per policy (unallocated claims of unschedulable pods)",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.plan_duration = Histogram(
+            "migpart_plan_duration_seconds",
+            "Time the planner took for one policy round",
+            ["policy"],
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+        )
+        self.repartitions = Counter(
+            "migpart_repartitions_total",
+            "MigNode specs written with a new plan",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.slice_publishes = Counter(
+            "migpart_resourceslice_publishes_total",
+            "ResourceSlice writes (each one bumps the pool generation)",
+            registry=self.registry,
+        )
+        self.devices_kept = Counter(
+            "migpart_destroy_aborted_total",
+            "Devices the destroy protocol kept because a claim was allocated to them",
+            registry=self.registry,
+        )

@@ -1,0 +1,526 @@
+"""One planning round of one GpuPartitionPolicy: demand -> plan -> destroy protocol -> spec.
+
+A round reads the cluster from the kopf indexes (a `Cluster` value), never lists per event,
+and is level-triggered: it recomputes everything from what the cluster says now, and writes a
+MigNode spec only when the plan changes a GPU's layout, so running it twice changes nothing.
+
+Which policy a node follows: the highest `priority` among the policies whose selector matches
+the Node's labels (ties: the policy name that sorts first). Which policy a pending claim falls
+under: the first policy in that same order, having nodes, under which some profile satisfies
+every request of the claim. A claim no policy can satisfy is reported once per generation
+(Warning `Unsatisfiable`) and never triggers a plan.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kopf
+import structlog
+from pydantic import ValidationError
+
+from migpart.api.models import (
+    Condition,
+    GpuPartitionPolicy,
+    GpuPartitionPolicyStatus,
+    GpuSpec,
+    LastPlan,
+    MigInstanceSpec,
+    MigNode,
+    MigNodeSpec,
+)
+from migpart.controller.state import JournalEntry, OperatorState
+from migpart.kube import demand
+from migpart.kube.claims import (
+    AllocatedDevice,
+    all_allocated,
+    allocated_devices,
+    body_key,
+    claim_generation,
+    list_claims_quorum,
+    pending_claims,
+)
+from migpart.kube.objects import patch_mignode_spec, patch_policy_status
+from migpart.kube.snapshot import build_snapshot, node_name, reconfiguring
+from migpart.mig import Instance, ModelTable, device_name
+from migpart.planning.model import GpuPlan, Plan, Request, Snapshot
+from migpart.planning.planner import plan as make_plan
+
+log = structlog.get_logger(__name__)
+
+Body = Mapping[str, Any]
+MAX_REDO = 3
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the indexes hold at the start of a round (plain bodies)."""
+
+    mignodes: Mapping[str, Body]
+    node_labels: Mapping[str, Mapping[str, str]]
+    policies: Mapping[str, Body]
+    claims: Mapping[str, Body]
+    waiting: frozenset[str]
+    device_classes: Mapping[str, Body]
+
+
+@dataclass(frozen=True)
+class Demand:
+    """The pending claims of one policy, turned into planner requests."""
+
+    requests: tuple[Request, ...]
+    unsatisfiable: tuple[tuple[Body, str], ...]
+    pending: int
+
+
+@dataclass
+class RoundResult:
+    planned: bool = False
+    written_nodes: list[str] = field(default_factory=list)
+    kept: set[str] = field(default_factory=set)
+    plan: Plan | None = None
+
+
+class Redo(Exception):
+    """A device chosen for destruction was allocated meanwhile: plan again from scratch."""
+
+
+def as_body(body: Body) -> kopf.Body:
+    """kopf posts events for its own Body type; index values are plain dicts."""
+    return body if isinstance(body, kopf.Body) else kopf.Body(cast("kopf.RawBody", dict(body)))
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_policies(bodies: Mapping[str, Body]) -> dict[str, GpuPartitionPolicy]:
+    """The valid policies (an invalid one is reported by its own handler, and ignored here)."""
+    parsed: dict[str, GpuPartitionPolicy] = {}
+    for name, body in bodies.items():
+        try:
+            parsed[name] = parse_policy(body)
+        except ValidationError:
+            continue
+    return parsed
+
+
+def strip(
+    body: Body, keys: tuple[str, ...] = ("apiVersion", "kind", "metadata", "spec", "status")
+) -> dict[str, Any]:
+    """The fields the pydantic model knows, as plain data."""
+    return {k: body[k] for k in keys if k in body}
+
+
+def parse_policy(body: Body) -> GpuPartitionPolicy:
+    """The policy without its status: the status is ours, and a field someone else added
+    there must not make the spec unreadable."""
+    return GpuPartitionPolicy.model_validate(
+        strip(body, ("apiVersion", "kind", "metadata", "spec"))
+    )
+
+
+def previous_status(body: Body) -> GpuPartitionPolicyStatus:
+    try:
+        return GpuPartitionPolicyStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return GpuPartitionPolicyStatus()
+
+
+def policy_order(policies: Mapping[str, GpuPartitionPolicy]) -> list[str]:
+    return sorted(policies, key=lambda n: (-policies[n].spec.priority, n))
+
+
+def node_owners(cluster: Cluster, policies: Mapping[str, GpuPartitionPolicy]) -> dict[str, str]:
+    """MigNode name -> the policy it follows (nodes matched by none are absent)."""
+    order = policy_order(policies)
+    owners: dict[str, str] = {}
+    for name, body in cluster.mignodes.items():
+        labels = cluster.node_labels.get(name)
+        if labels is None:
+            labels = (body.get("metadata") or {}).get("labels") or {}
+        for policy in order:
+            if policies[policy].spec.node_selector.matches(dict(labels)):
+                owners[name] = policy
+                break
+    return owners
+
+
+def parse_mignode(body: Body) -> MigNode | None:
+    try:
+        return MigNode.model_validate(strip(body))
+    except ValidationError:
+        log.warning("mignode_invalid", node=(body.get("metadata") or {}).get("name"))
+        return None
+
+
+def tables_of(nodes: Iterable[MigNode]) -> dict[str, ModelTable]:
+    tables: dict[str, ModelTable] = {}
+    for node in nodes:
+        for gpu in node.status.gpus if node.status else []:
+            if gpu.mig_enabled and gpu.profiles:
+                tables[gpu.model] = gpu.table()
+    return tables
+
+
+def node_models(nodes: Iterable[MigNode]) -> dict[str, list[str]]:
+    return {
+        node_name(n): [g.model for g in (n.status.gpus if n.status else []) if g.mig_enabled]
+        for n in nodes
+    }
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The nodes of one policy and the demand that falls under it."""
+
+    nodes: tuple[MigNode, ...]
+    demand: Demand
+
+
+def scope_of(policy_name: str, cluster: Cluster) -> Scope | None:
+    """None when the policy itself is invalid."""
+    policies = parse_policies(cluster.policies)
+    if policy_name not in policies:
+        return None
+    owners = node_owners(cluster, policies)
+    by_policy: dict[str, list[MigNode]] = {}
+    for name, follows in owners.items():
+        node = parse_mignode(cluster.mignodes[name])
+        if node is not None:
+            by_policy.setdefault(follows, []).append(node)
+    order = [p for p in policy_order(policies) if by_policy.get(p)]
+    requests: list[Request] = []
+    unsatisfiable: list[tuple[Body, str]] = []
+    pending = 0
+    for claim in pending_claims(cluster.claims.values(), cluster.waiting):
+        owner: str | None = None
+        reason: str | None = None
+        for candidate in order:
+            nodes = by_policy[candidate]
+            got = demand.claim_demand(
+                claim,
+                cluster.device_classes,
+                tables_of(nodes),
+                policies[candidate].spec.policy_view(),
+                policy_name=candidate,
+                nodes=frozenset(node_name(n) for n in nodes),
+                node_models=node_models(nodes),
+            )
+            if isinstance(got, demand.ClaimDemand):
+                owner = candidate
+                if owner == policy_name:
+                    requests.append(got.request)
+                    pending += 1
+                break
+            if isinstance(got, demand.Unsatisfiable) and reason is None:
+                reason = got.reason
+        if owner is None and reason is not None and order and order[0] == policy_name:
+            # reported by the policy first in line, once
+            unsatisfiable.append((claim, reason))
+            pending += 1
+    mine = tuple(sorted(by_policy.get(policy_name, []), key=node_name))
+    return Scope(mine, Demand(tuple(requests), tuple(unsatisfiable), pending))
+
+
+def current_layouts(snapshot: Snapshot) -> dict[tuple[str, int], frozenset[Instance]]:
+    return {
+        (n.name, g.index): frozenset(i.geometry for i in g.instances)
+        for n in snapshot.nodes
+        for g in n.gpus
+    }
+
+
+def changed_nodes(snapshot: Snapshot, plan: Plan) -> list[str]:
+    now = current_layouts(snapshot)
+    return sorted(
+        {g.node for g in plan.gpus if now.get((g.node, g.index), frozenset()) != set(g.instances)}
+    )
+
+
+def choose_nodes(
+    changed: list[str], nodes: Iterable[MigNode], plan: Plan, max_concurrent: int
+) -> list[str]:
+    """The changed nodes to reconfigure now: never one still reconfiguring, and at most
+    `max_concurrent` reconfiguring at once; nodes serving more requests go first."""
+    busy = {node_name(n) for n in nodes if reconfiguring(n)}
+    slots = max(0, max_concurrent - len(busy))
+    served: dict[str, int] = {}
+    for a in plan.assignments:
+        served[a.node] = served.get(a.node, 0) + 1
+    candidates = sorted((n for n in changed if n not in busy), key=lambda n: (-served.get(n, 0), n))
+    return candidates[:slots]
+
+
+def removed_devices(node: MigNode, targets: Iterable[GpuPlan]) -> frozenset[str]:
+    """Created instances (status) that the target layout drops: these need the protocol."""
+    want = {g.index: set(g.instances) for g in targets}
+    gone: set[str] = set()
+    for gpu in node.status.gpus if node.status else []:
+        target = want.get(gpu.index)
+        if target is None:
+            continue
+        for inst in gpu.instances:
+            if Instance(inst.profile, inst.start) not in target:
+                gone.add(device_name(gpu.index, inst.profile, inst.start))
+    return frozenset(gone)
+
+
+def node_spec(plan_id: str, targets: Iterable[GpuPlan]) -> MigNodeSpec:
+    return MigNodeSpec(
+        plan_id=plan_id,
+        gpus=[
+            GpuSpec(
+                index=g.index,
+                instances=[MigInstanceSpec(profile=i.profile, start=i.start) for i in g.instances],
+            )
+            for g in sorted(targets, key=lambda g: g.index)
+        ],
+    )
+
+
+def ready_condition(status: str, reason: str, message: str, previous: list[Condition]) -> Condition:
+    old = next((c for c in previous if c.type == "Ready"), None)
+    same = old is not None and old.status == status
+    return Condition(
+        type="Ready",
+        status="True" if status == "True" else "False",
+        reason=reason,
+        message=message,
+        last_transition_time=old.last_transition_time if same and old else now_iso(),
+    )
+
+
+class PolicyRound:
+    """One round for one policy; `run` is the whole thing, the steps are methods so that the
+    protocol reads top-down."""
+
+    def __init__(self, state: OperatorState, name: str, body: Body, cluster: Cluster) -> None:
+        self.state = state
+        self.name = name
+        self.body = body
+        self.cluster = cluster
+        self.log = log.bind(policy=name)
+
+    async def run(self) -> RoundResult:
+        policy = parse_policy(self.body)
+        await self.restore_leftovers()
+        scope = scope_of(self.name, self.cluster)
+        if scope is None:
+            return RoundResult()
+        self.warn_unsatisfiable(scope.demand.unsatisfiable)
+        self.state.metrics.pending_requests.labels(self.name).set(scope.demand.pending)
+        result = RoundResult()
+        last_plan: LastPlan | None = None
+        if scope.nodes and self.batch_window_over(policy, scope.demand):
+            for _ in range(MAX_REDO):
+                try:
+                    result, last_plan = await self.plan_and_apply(policy, scope)
+                    break
+                except Redo:
+                    self.state.wake_all()
+                    scope = scope_of(self.name, self.cluster) or scope
+        await self.write_status(policy, scope, last_plan)
+        return result
+
+    async def restore_leftovers(self) -> None:
+        """Devices still withdrawn at the start of a round belong to a round that failed
+        before writing its spec: publish them again; this round withdraws anew if needed."""
+        for name in self.cluster.mignodes:
+            leftover = self.state.publisher.withdrawn(name)
+            if leftover:
+                await self.state.publisher.restore(name, leftover)
+                self.state.hooks.record(JournalEntry("restored", name, leftover))
+
+    def batch_window_over(self, policy: GpuPartitionPolicy, demand: Demand) -> bool:
+        """Gather pending requests for `batchWindowSeconds` before planning for them; with
+        nothing pending, plan at once (spares only; an unchanged plan writes nothing)."""
+        if not demand.requests:
+            self.state.first_pending.pop(self.name, None)
+            return True
+        first = self.state.first_pending.setdefault(self.name, time.monotonic())
+        return time.monotonic() - first >= policy.spec.reconfiguration.batch_window_seconds
+
+    def allocated(self) -> frozenset[AllocatedDevice]:
+        indexed = all_allocated(self.cluster.claims.values())
+        # the quorum read saw these first; once the watch shows them, the index suffices
+        self.state.fresh_allocations -= indexed
+        return indexed | frozenset(self.state.fresh_allocations)
+
+    async def plan_and_apply(
+        self, policy: GpuPartitionPolicy, scope: Scope
+    ) -> tuple[RoundResult, LastPlan | None]:
+        snapshot = build_snapshot(scope.nodes, self.allocated())
+        started = time.perf_counter()
+        plan = make_plan(snapshot, scope.demand.requests, policy.spec.policy_view())
+        duration_s = time.perf_counter() - started
+        self.state.metrics.plan_duration.labels(self.name).observe(duration_s)
+        changed = changed_nodes(snapshot, plan)
+        result = RoundResult(planned=True, plan=plan)
+        if not changed:
+            return result, None
+        chosen = choose_nodes(
+            changed, scope.nodes, plan, policy.spec.reconfiguration.max_concurrent_nodes
+        )
+        plan_id = uuid.uuid4().hex[:16]
+        now = current_layouts(snapshot)
+        targets = [g for g in plan.gpus if g.node in chosen]
+        created = sum(
+            len(set(g.instances) - now.get((g.node, g.index), frozenset())) for g in targets
+        )
+        destroyed = sum(
+            len(now.get((g.node, g.index), frozenset()) - set(g.instances)) for g in targets
+        )
+        last_plan = LastPlan(
+            plan_id=plan_id,
+            time=now_iso(),
+            duration_millis=round(duration_s * 1000, 3),
+            satisfied=len({a.request for a in plan.assignments}),
+            unsatisfied=len(plan.unsatisfied),
+            created=created,
+            destroyed=destroyed,
+        )
+        where = ", ".join(chosen) or "(none now: waiting for nodes still reconfiguring)"
+        message = (
+            f"plan {plan_id}: nodes {where}; create {created}, destroy {destroyed}; "
+            f"satisfies {last_plan.satisfied}, unsatisfied {last_plan.unsatisfied}"
+        )
+        if policy.spec.mode == "DryRun":
+            if self.state.dry_reports.get(self.name) != repr(targets):
+                self.state.dry_reports[self.name] = repr(targets)
+                kopf.event(as_body(self.body), type="Normal", reason="DryRunPlan", message=message)
+                return result, last_plan
+            return result, None
+        if not chosen:
+            return result, None
+        kopf.event(as_body(self.body), type="Normal", reason="Repartitioning", message=message)
+        by_name = {node_name(n): n for n in scope.nodes}
+        for name in chosen:
+            node_targets = [g for g in targets if g.node == name]
+            await self.destroy_protocol(by_name[name], node_targets, result)
+            written = await patch_mignode_spec(
+                self.state.api, name, node_spec(plan_id, node_targets)
+            )
+            self.state.publisher.observe(MigNode.model_validate(strip(written)))
+            self.state.hooks.record(JournalEntry("spec_written", name, detail=plan_id))
+            self.state.metrics.repartitions.labels(self.name).inc()
+            self.log.info("mignode_spec_written", node=name, plan_id=plan_id)
+            result.written_nodes.append(name)
+        return result, last_plan
+
+    async def destroy_protocol(
+        self, node: MigNode, targets: list[GpuPlan], result: RoundResult
+    ) -> None:
+        """Withdraw, confirm by a quorum read, and only then let the spec drop the devices.
+
+        Raises Redo when a device got allocated in the window (it is published again, and
+        counts as used in the next plan).
+        """
+        name = node_name(node)
+        gone = removed_devices(node, targets)
+        if not gone:
+            return
+        published = await self.state.publisher.withdraw(name, gone)
+        self.state.hooks.record(
+            JournalEntry("withdrawn", name, gone, f"generation {published.generation}")
+        )
+        if self.state.hooks.after_withdraw is not None:
+            await self.state.hooks.after_withdraw(name, gone)
+        claims = await list_claims_quorum(self.state.api)
+        hit = {
+            d
+            for claim in claims
+            for d in allocated_devices(claim)
+            if d.pool == name and d.device in gone
+        }
+        if hit:
+            kept = frozenset(d.device for d in hit)
+            self.state.fresh_allocations |= hit
+            await self.state.publisher.restore(name, kept)
+            self.state.metrics.devices_kept.inc(len(kept))
+            self.state.hooks.record(JournalEntry("kept", name, kept))
+            result.kept |= kept
+            kopf.event(
+                as_body(self.body),
+                type="Warning",
+                reason="DestroyAborted",
+                message=f"node {name}: {', '.join(sorted(kept))} got allocated while being "
+                "withdrawn; kept, planning again",
+            )
+            self.log.warning("destroy_aborted", node=name, devices=sorted(kept))
+            raise Redo(name)
+        self.state.hooks.record(JournalEntry("confirmed", name, gone))
+
+    def warn_unsatisfiable(self, claims: Iterable[tuple[Body, str]]) -> None:
+        """Warning Event once per claim generation (not once per round)."""
+        for claim, reason in claims:
+            meta = claim.get("metadata") or {}
+            key = (str(meta.get("uid", body_key(claim))), claim_generation(claim))
+            if key in self.state.warned:
+                continue
+            self.state.warned.add(key)
+            kopf.event(
+                as_body(claim),
+                type="Warning",
+                reason="Unsatisfiable",
+                message=reason[:1000],
+            )
+            self.log.warning("claim_unsatisfiable", claim=body_key(claim), reason=reason)
+
+    async def write_status(
+        self, policy: GpuPartitionPolicy, scope: Scope, last_plan: LastPlan | None
+    ) -> None:
+        previous = previous_status(self.body)
+        gpus = sum(
+            1 for n in scope.nodes for g in (n.status.gpus if n.status else []) if g.mig_enabled
+        )
+        if not scope.nodes:
+            ready = ready_condition(
+                "False", "NoNodes", "the node selector matches no MigNode", previous.conditions
+            )
+        elif scope.demand.unsatisfiable:
+            ready = ready_condition(
+                "True",
+                "Unsatisfiable",
+                f"{len(scope.demand.unsatisfiable)} pending claim(s) no permitted profile can "
+                "satisfy",
+                previous.conditions,
+            )
+        else:
+            ready = ready_condition("True", "Reconciled", "", previous.conditions)
+        status = GpuPartitionPolicyStatus(
+            observed_generation=int((self.body.get("metadata") or {}).get("generation") or 0),
+            nodes=len(scope.nodes),
+            gpus=gpus,
+            pending_requests=scope.demand.pending,
+            last_plan=last_plan or previous.last_plan,
+            conditions=[ready, *(c for c in previous.conditions if c.type != "Ready")],
+        )
+        dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if self.state.statuses.get(self.name) == dumped:
+            return
+        await patch_policy_status(self.state.api, self.name, status)
+        self.state.statuses[self.name] = dumped
+
+
+async def report_invalid(
+    state: OperatorState, name: str, body: Body, error: ValidationError
+) -> str:
+    """Write the ValidationError as the Ready condition; returns the message for kopf."""
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    message = f"spec invalid at {where}: {first['msg']}"
+    previous = (body.get("status") or {}).get("conditions") or []
+    conditions = [Condition.model_validate(c) for c in previous if c.get("type") == "Ready"]
+    status = GpuPartitionPolicyStatus(
+        observed_generation=int((body.get("metadata") or {}).get("generation") or 0),
+        conditions=[ready_condition("False", "InvalidSpec", message, conditions)],
+    )
+    await patch_policy_status(state.api, name, status)
+    state.statuses.pop(name, None)
+    return message

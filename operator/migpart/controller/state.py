@@ -1,0 +1,70 @@
+"""The operator's in-memory state, shared by its handlers through kopf's `memo`.
+
+Everything here can be lost on restart: the cluster (indexes rebuilt from watches, MigNode.spec,
+the slices) holds the truth, and each round recomputes its decisions from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+
+from migpart.controller.metrics import Metrics
+from migpart.kube.claims import AllocatedDevice
+from migpart.kube.client import Credentials
+from migpart.kube.slices import SlicePublisher
+
+# Called after the destroy protocol withdrew devices from a node's slice and before it reads
+# the claims: tests use it to allocate a claim inside the window, on purpose.
+WithdrawHook = Callable[[str, frozenset[str]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One observable step of the operator (destroy protocol, spec writes, slice writes)."""
+
+    step: str
+    node: str
+    devices: frozenset[str] = frozenset()
+    detail: str = ""
+
+
+@dataclass
+class Hooks:
+    after_withdraw: WithdrawHook | None = None
+    journal: list[JournalEntry] = field(default_factory=list)
+
+    def record(self, entry: JournalEntry) -> None:
+        self.journal.append(entry)
+
+
+@dataclass
+class OperatorState:
+    api: ApiClient
+    credentials: Credentials
+    publisher: SlicePublisher
+    metrics: Metrics = field(default_factory=Metrics)
+    hooks: Hooks = field(default_factory=Hooks)
+    tick_s: float = 1.0
+    # policy name -> monotonic time its oldest pending request was first seen
+    first_pending: dict[str, float] = field(default_factory=dict)
+    # (claim uid, generation) already told that nothing can satisfy it
+    warned: set[tuple[str, int]] = field(default_factory=set)
+    # allocations seen by the destroy protocol's quorum read before the claim watch shows them
+    fresh_allocations: set[AllocatedDevice] = field(default_factory=set)
+    # policy name -> what the last DryRun report said (to report each decision once)
+    dry_reports: dict[str, str] = field(default_factory=dict)
+    # policy name -> the status last written (to write only changes)
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def wake_all(self) -> None:
+        for event in self.wakeups.values():
+            event.set()
+
+    def wakeup(self, policy: str) -> asyncio.Event:
+        return self.wakeups.setdefault(policy, asyncio.Event())

@@ -1,0 +1,109 @@
+"""Reading ResourceClaims and Pods: which claims are pending, which devices are allocated.
+
+Pure functions over API bodies (plain dicts as the watch delivers them), so that the kopf
+indexes can store small values and the rules are unit-tested without an API server.
+
+A claim is pending when it is unallocated and a pod that uses it is unschedulable
+(`PodScheduled=False`, reason `Unschedulable`). A pod names its claims directly
+(`spec.resourceClaims[].resourceClaimName`) or through a ResourceClaimTemplate, in which case
+the generated claim's name is in `status.resourceClaimStatuses[].resourceClaimName`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+
+from migpart.api.models import DRIVER
+
+Body = Mapping[str, Any]
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class AllocatedDevice:
+    """One device named by a claim's `status.allocation` (only ours: driver mig.migpart.io)."""
+
+    pool: str
+    device: str
+
+
+def claim_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def body_key(body: Body) -> str:
+    meta = body.get("metadata") or {}
+    return claim_key(str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def is_allocated(claim: Body) -> bool:
+    return bool((claim.get("status") or {}).get("allocation"))
+
+
+def allocated_devices(claim: Body) -> frozenset[AllocatedDevice]:
+    """The mig.migpart.io devices the claim's allocation names."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    return frozenset(
+        AllocatedDevice(str(r.get("pool", "")), str(r.get("device", "")))
+        for r in results
+        if r.get("driver") == DRIVER
+    )
+
+
+def all_allocated(claims: Iterable[Body]) -> frozenset[AllocatedDevice]:
+    return frozenset(d for c in claims for d in allocated_devices(c))
+
+
+def pod_claim_keys(pod: Body) -> frozenset[str]:
+    """Every claim the pod uses, as "namespace/name" (direct and template-generated)."""
+    namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+    names = {
+        str(ref["resourceClaimName"])
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []
+        if ref.get("resourceClaimName")
+    }
+    names |= {
+        str(st["resourceClaimName"])
+        for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        if st.get("resourceClaimName")
+    }
+    return frozenset(claim_key(namespace, n) for n in names)
+
+
+def pod_unschedulable(pod: Body) -> bool:
+    """The scheduler gave up on the pod for now: `PodScheduled=False/Unschedulable`."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled":
+            return bool(cond.get("status") == "False" and cond.get("reason") == "Unschedulable")
+    return False
+
+
+def pending_claims(claims: Iterable[Body], waiting: frozenset[str]) -> list[Body]:
+    """The unallocated claims that some unschedulable pod waits for, sorted by key.
+
+    `waiting` holds the claim keys of unschedulable pods (see `pod_claim_keys`).
+    """
+    chosen = [c for c in claims if not is_allocated(c) and body_key(c) in waiting]
+    return sorted(chosen, key=body_key)
+
+
+def claim_generation(claim: Body) -> int:
+    return int((claim.get("metadata") or {}).get("generation") or 0)
+
+
+async def list_claims_quorum(api: ApiClient) -> list[dict[str, Any]]:
+    """Every ResourceClaim, read with a quorum LIST (no resourceVersion given).
+
+    A LIST without resourceVersion is served from etcd with a consistent read, so it includes
+    every allocation committed before the call started: the destroy protocol relies on this to
+    see allocations that raced with its slice write (the watch cache might lag behind).
+    """
+    result: dict[str, Any] = await CustomObjectsApi(api).list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceclaims"
+    )
+    items: list[dict[str, Any]] = result.get("items") or []
+    return items

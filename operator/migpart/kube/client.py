@@ -1,0 +1,56 @@
+"""The process's one ApiClient: opened at startup from a kubeconfig or the pod's service
+account, closed at cleanup. Everything in `migpart.kube` takes it as an argument."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes_asyncio import config
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What kopf's own connection needs, taken from the same configuration as the ApiClient
+    so that both talk to the same server as the same user."""
+
+    server: str
+    token: str | None
+    ca_path: str | None
+    certificate_path: str | None
+    private_key_path: str | None
+    insecure: bool
+
+
+async def load_configuration(kubeconfig: Path | None) -> Configuration:
+    """A client configuration from `kubeconfig`, else $KUBECONFIG/~/.kube/config, else the
+    in-cluster service account."""
+    cfg = Configuration()
+    if kubeconfig is not None:
+        await config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+        return cfg
+    try:
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        await config.load_kube_config(client_configuration=cfg)
+    return cfg
+
+
+def credentials(cfg: Configuration) -> Credentials:
+    token = cfg.api_key.get("BearerToken")
+    if isinstance(token, str) and token.startswith("Bearer "):
+        token = token.removeprefix("Bearer ")
+    return Credentials(
+        server=str(cfg.host),
+        token=token if isinstance(token, str) else None,
+        ca_path=cfg.ssl_ca_cert,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        insecure=not cfg.verify_ssl,
+    )
+
+
+async def open_client(kubeconfig: Path | None) -> tuple[ApiClient, Credentials]:
+    cfg = await load_configuration(kubeconfig)
+    return ApiClient(cfg), credentials(cfg)

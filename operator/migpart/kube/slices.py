@@ -1,0 +1,324 @@
+"""The node's ResourceSlice: which MIG instances kube-scheduler may allocate.
+
+The operator is the slice's single writer (one pool per node, pool name = node name). The pure
+part (`slice_devices`, `devices_digest`, `slice_body`) turns a MigNode into the slice content;
+`SlicePublisher` writes it and is where the destroy protocol withdraws devices before they
+leave `MigNode.spec` (docs/destroy-protocol.md).
+
+A device is published when the agent reports the instance created (status, so it exists on the
+GPU), it is still wanted (present in `spec`, when the operator has written a plan for that
+GPU), and the operator has not withdrawn it for destruction. Every change of the published
+content writes the slice with `spec.pool.generation + 1`; the content is compared through a
+digest kept in an annotation, because the API server canonicalises quantities and a
+field-by-field comparison with what it stores would see changes that are none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from migpart.api.models import DRIVER, GpuStatus, MigInstanceStatus, MigNode, MigNodeSpec
+from migpart.errors import StaleSnapshot
+from migpart.mig import device_name
+
+log = structlog.get_logger(__name__)
+
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+SLICE_PLURAL = "resourceslices"
+DIGEST_ANNOTATION = "migpart.io/devices-digest"
+MIB = 1024 * 1024
+
+Device = dict[str, Any]
+
+
+def slice_name(node: str) -> str:
+    """One slice per node; the name is fixed so that a restart finds its own slice again."""
+    return f"{node}-{DRIVER}"
+
+
+def _wanted(spec: MigNodeSpec | None) -> dict[int, set[tuple[str, int]]]:
+    """GPU index -> desired (profile, start); GPUs the operator never planned are absent."""
+    if spec is None or spec.plan_id is None:
+        return {}
+    return {g.index: {(i.profile, i.start) for i in g.instances} for g in spec.gpus}
+
+
+def instance_device(gpu: GpuStatus, inst: MigInstanceStatus) -> Device:
+    """The slice device of one created instance (attributes and capacity per the contract)."""
+    attributes: dict[str, dict[str, Any]] = {
+        "profile": {"string": inst.profile},
+        "productName": {"string": gpu.model},
+        "parentUUID": {"string": gpu.uuid},
+        "uuid": {"string": inst.uuid},
+        "gpuIndex": {"int": gpu.index},
+        "placementStart": {"int": inst.start},
+    }
+    capacity: dict[str, dict[str, str]] = {}
+    info = next((p for p in gpu.profiles if p.name == inst.profile), None)
+    if info is not None:
+        capacity = {
+            "memory": {"value": str(info.memory_mib * MIB)},
+            "multiprocessors": {"value": str(info.multiprocessors)},
+            "computeSlices": {"value": str(info.compute_slices)},
+            "memorySlices": {"value": str(info.memory_slices)},
+        }
+        engines = {
+            "copyEngines": info.copy_engines,
+            "decoders": info.decoders,
+            "encoders": info.encoders,
+            "jpegs": info.jpegs,
+            "ofas": info.ofas,
+        }
+        capacity.update({k: {"value": str(v)} for k, v in engines.items() if v > 0})
+    return {
+        "name": device_name(gpu.index, inst.profile, inst.start),
+        "attributes": attributes,
+        "capacity": capacity,
+    }
+
+
+def slice_devices(node: MigNode, withdrawn: Iterable[str] = ()) -> list[Device]:
+    """The devices the node's slice must list, sorted by name.
+
+    Created (in status) AND wanted (in spec, where the operator planned the GPU) AND not
+    withdrawn. An instance that is prepared or busy stays published even when the spec dropped
+    it: the agent will not destroy it, and its claim's allocation refers to it.
+    """
+    gone = set(withdrawn)
+    wanted = _wanted(node.spec)
+    devices: list[Device] = []
+    for gpu in node.status.gpus if node.status else []:
+        if not gpu.mig_enabled:
+            continue
+        for inst in gpu.instances:
+            name = device_name(gpu.index, inst.profile, inst.start)
+            if name in gone:
+                continue
+            desired = wanted.get(gpu.index)
+            in_use = inst.state != "Free"
+            if desired is not None and (inst.profile, inst.start) not in desired and not in_use:
+                continue
+            devices.append(instance_device(gpu, inst))
+    return sorted(devices, key=lambda d: str(d["name"]))
+
+
+def devices_digest(devices: list[Device]) -> str:
+    """A digest of the published content: equal digests mean no new pool generation."""
+    text = json.dumps(devices, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def device_names(devices: Iterable[Device]) -> set[str]:
+    return {str(d["name"]) for d in devices}
+
+
+def slice_body(
+    node: str,
+    devices: list[Device],
+    generation: int,
+    owner: dict[str, Any] | None = None,
+    resource_version: str | None = None,
+) -> dict[str, Any]:
+    """A complete resource.k8s.io/v1 ResourceSlice for `node` at pool `generation`."""
+    metadata: dict[str, Any] = {
+        "name": slice_name(node),
+        "labels": {"app.kubernetes.io/managed-by": "migpart"},
+        "annotations": {DIGEST_ANNOTATION: devices_digest(devices)},
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [owner]
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    return {
+        "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": metadata,
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def mignode_owner(node: MigNode) -> dict[str, Any] | None:
+    """An owner reference to the MigNode, so that the slice goes when the MigNode goes."""
+    uid = node.metadata.get("uid")
+    name = node.metadata.get("name")
+    if not uid or not name:
+        return None
+    return {
+        "apiVersion": node.api_version,
+        "kind": node.kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+    }
+
+
+def _generation(node: MigNode) -> int:
+    return int(node.metadata.get("generation") or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """The outcome of one publish: the pool generation and whether it was written now."""
+
+    node: str
+    generation: int
+    written: bool
+    devices: frozenset[str]
+    resource_version: str | None
+
+
+@dataclass
+class SlicePublisher:
+    """Writes each node's slice; holds the devices withdrawn by the destroy protocol.
+
+    Per node, publishing is serialised by a lock: the MigNode watch and the planner both
+    publish, and two writers must not both bump the pool generation from the same value.
+    The withdrawn sets live in memory only: after a restart, devices that the spec already
+    dropped stay unpublished by `slice_devices`, and a half-finished withdrawal is simply
+    planned again.
+    """
+
+    api: ApiClient
+    on_publish: list[Any] = field(default_factory=list)
+    _nodes: dict[str, MigNode] = field(default_factory=dict)
+    _withdrawn: dict[str, set[str]] = field(default_factory=dict)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def observe(self, node: MigNode) -> None:
+        """Remember the newest MigNode body; `publish` reads it.
+
+        Bodies come from the watch and from the operator's own spec patches; a watch event
+        older than a patch already seen (lower `metadata.generation`) would bring back a spec
+        that no longer holds, and is ignored.
+        """
+        name = str(node.metadata.get("name", ""))
+        if not name:
+            return
+        known = self._nodes.get(name)
+        if known is not None and _generation(node) < _generation(known):
+            return
+        self._nodes[name] = node
+        self.settle(node)
+
+    def forget(self, name: str) -> None:
+        self._nodes.pop(name, None)
+        self._withdrawn.pop(name, None)
+
+    def withdrawn(self, name: str) -> frozenset[str]:
+        return frozenset(self._withdrawn.get(name, set()))
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def withdraw(self, name: str, devices: Iterable[str]) -> Published:
+        """Destroy protocol step 1: republish the slice without `devices`."""
+        self._withdrawn.setdefault(name, set()).update(devices)
+        return await self.publish(name)
+
+    async def restore(self, name: str, devices: Iterable[str]) -> Published:
+        """Undo a withdrawal (devices found allocated, or the plan kept them)."""
+        self._withdrawn.setdefault(name, set()).difference_update(devices)
+        return await self.publish(name)
+
+    def settle(self, node: MigNode) -> None:
+        """Drop withdrawals that are complete: the instance left the status, or the spec no
+        longer lists it (from then on `slice_devices` leaves it out by itself)."""
+        name = str(node.metadata.get("name", ""))
+        pending = self._withdrawn.get(name)
+        if not pending:
+            return
+        desired = _wanted(node.spec)
+        present: set[str] = set()
+        wanted: set[str] = set()
+        for gpu in node.status.gpus if node.status else []:
+            for inst in gpu.instances:
+                name_ = device_name(gpu.index, inst.profile, inst.start)
+                present.add(name_)
+                spec = desired.get(gpu.index)
+                if spec is None or (inst.profile, inst.start) in spec:
+                    wanted.add(name_)
+        # A withdrawn device that the spec still lists is mid-protocol: keep it withdrawn.
+        pending.intersection_update(present & wanted)
+
+    async def publish(self, name: str) -> Published:
+        """Write the slice of node `name` if its content changed (generation + 1)."""
+        async with self._lock(name):
+            node = self._nodes.get(name)
+            if node is None:
+                raise StaleSnapshot(f"no MigNode {name!r} seen yet")
+            devices = slice_devices(node, self._withdrawn.get(name, ()))
+            result = await self._write(name, devices, mignode_owner(node))
+        if result.written:
+            log.info(
+                "resource_slice_published",
+                node=name,
+                generation=result.generation,
+                devices=len(result.devices),
+            )
+            for hook in self.on_publish:
+                hook(result)
+        return result
+
+    async def _write(
+        self, name: str, devices: list[Device], owner: dict[str, Any] | None
+    ) -> Published:
+        api = CustomObjectsApi(self.api)
+        digest = devices_digest(devices)
+        names = frozenset(device_names(devices))
+        for _ in range(5):
+            current = await self._get(api, name)
+            if current is None:
+                body = slice_body(name, devices, 1, owner)
+                try:
+                    created = await api.create_cluster_custom_object(
+                        RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, body
+                    )
+                except ApiException as e:
+                    if e.status == 409:
+                        continue
+                    raise
+                return Published(name, 1, True, names, created["metadata"]["resourceVersion"])
+            meta = current.get("metadata", {})
+            generation = int(current.get("spec", {}).get("pool", {}).get("generation", 0))
+            if (meta.get("annotations") or {}).get(DIGEST_ANNOTATION) == digest:
+                return Published(name, generation, False, names, meta.get("resourceVersion"))
+            body = slice_body(name, devices, generation + 1, owner, meta.get("resourceVersion"))
+            try:
+                replaced = await api.replace_cluster_custom_object(
+                    RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, slice_name(name), body
+                )
+            except ApiException as e:
+                if e.status in (404, 409):
+                    continue
+                raise
+            return Published(
+                name, generation + 1, True, names, replaced["metadata"]["resourceVersion"]
+            )
+        raise StaleSnapshot(f"ResourceSlice {slice_name(name)!r} kept changing underneath")
+
+    @staticmethod
+    async def _get(api: CustomObjectsApi, name: str) -> dict[str, Any] | None:
+        try:
+            got: dict[str, Any] = await api.get_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, slice_name(name)
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return got
