@@ -127,7 +127,7 @@ def build_registry(
 
     # ------------------------------------------------------------------ indexes
 
-    @kopf.index(*RESOURCE, "resourceclaims", registry=registry)
+    @kopf.index(*RESOURCE, "resourceclaims", registry=registry, id="claims_index")
     def claims_index(namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
         _state(memo).wake_all()
         value = _plain(body, ("metadata", "spec", "status"))
@@ -135,7 +135,7 @@ def build_registry(
         value["kind"] = "ResourceClaim"
         return {claim_key(namespace or "", name): value}
 
-    @kopf.index("v1", "pods", registry=registry)
+    @kopf.index("v1", "pods", registry=registry, id="waiting_index")
     def waiting_index(body: kopf.Body, memo: Any, **_: Any) -> Any:
         if not pod_unschedulable(body):
             return None
@@ -143,22 +143,22 @@ def build_registry(
         pod = claim_key(body.metadata.namespace or "", body.metadata.name or "")
         return {key: pod for key in pod_claim_keys(body)}
 
-    @kopf.index(GROUP, VERSION, MIGNODE_PLURAL, registry=registry)
+    @kopf.index(GROUP, VERSION, MIGNODE_PLURAL, registry=registry, id="mignodes_index")
     def mignodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
         _state(memo).wake_all()
         return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
 
-    @kopf.index("v1", "nodes", registry=registry)
+    @kopf.index("v1", "nodes", registry=registry, id="nodes_index")
     def nodes_index(name: str, labels: Mapping[str, str], memo: Any, **_: Any) -> Any:
         _state(memo).wake_all()
         return {name: dict(labels)}
 
-    @kopf.index(GROUP, VERSION, POLICY_PLURAL, registry=registry)
+    @kopf.index(GROUP, VERSION, POLICY_PLURAL, registry=registry, id="policies_index")
     def policies_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
         _state(memo).wake_all()
         return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec"))}
 
-    @kopf.index(*RESOURCE, "deviceclasses", registry=registry)
+    @kopf.index(*RESOURCE, "deviceclasses", registry=registry, id="classes_index")
     def classes_index(name: str, body: kopf.Body, **_: Any) -> Any:
         return {name: _plain(body, ("metadata", "spec"))}
 

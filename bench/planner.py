@@ -1,0 +1,536 @@
+"""Planner benchmark: migpart vs the exact optimum vs first-fit, and plan time at scale.
+
+Run: `.venv/bin/python bench/planner.py` (full) or `--quick` (smoke run). It prints, side by side
+in one run:
+
+- quality: requests satisfied by migpart, by the exact optimum (OR-Tools CP-SAT, lexicographic:
+  priority levels first, then count) and by a first-fit baseline that never destroys a free
+  instance and only creates in free space (what scheduler-driven dynamic MIG does today), over
+  random small instances (mixed models, used and free instances, multi-device and
+  alternative-profile requests) and instances derived from the Alibaba GPU trace;
+- free instances destroyed by migpart vs the minimum possible at the same satisfaction (CP-SAT
+  second stage: satisfaction fixed at the optimum, destroyed minimised), over the instances where
+  migpart reaches the optimum satisfaction;
+- plan time (median and max) for 100 nodes x 8 GPUs / 200 requests, 1,000 x 8 / 2,000 and
+  1,250 x 8 / 5,000.
+
+Trace: tests/fixtures/traces/openb_pod_list_default.csv from the Alibaba Cluster Trace Program
+(cluster-trace-gpu-v2023), described in Weng et al., "Beware of Fragmentation: Scheduling
+GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC '23. A pod's `gpu_milli`
+(thousandths of one GPU) maps to the smallest MIG profile with at least that share of compute:
+<= 1/7 -> 1g, <= 2/7 -> 2g, <= 3/7 -> 3g, <= 4/7 -> 4g, else 7g; `num_gpu` > 1 asks for that
+many whole-GPU (7g) devices on one node; pods without GPU are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ortools.sat.python import cp_model
+
+from migpart.mig import CATALOG, Instance, ModelTable, addable_placements
+from migpart.planning.model import (
+    GpuState,
+    InstanceState,
+    NodeState,
+    Plan,
+    PolicyView,
+    Request,
+    Snapshot,
+)
+from migpart.planning.planner import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "tests" / "fixtures" / "traces" / "openb_pod_list_default.csv"
+
+MODELS = ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA A30"]
+BIG_MODELS = ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+
+# Profiles with the same geometry (compute slices, memory slices) across the catalog, so that a
+# request can name "a 3g.40gb or whatever is the same cut on an H200".
+GEOMETRY: dict[tuple[int, int], list[str]] = {}
+for _table in CATALOG.values():
+    for _prof in _table.profiles:
+        if "+" not in _prof.name:
+            names = GEOMETRY.setdefault((_prof.compute_slices, _prof.memory_slices), [])
+            if _prof.name not in names:
+                names.append(_prof.name)
+
+
+# --- instance generation ----------------------------------------------------------------------
+
+
+def random_layout(rng: random.Random, table: ModelTable, fill: float) -> tuple[InstanceState, ...]:
+    layout: list[Instance] = []
+    while rng.random() < fill:
+        options = [i for i in addable_placements(table, layout) if "+" not in i.profile]
+        if not options:
+            break
+        layout.append(rng.choice(options))
+    return tuple(InstanceState(i.profile, i.start, rng.random() < 0.5) for i in sorted(layout))
+
+
+def random_request(rng: random.Random, name: str, models: Sequence[str]) -> Request:
+    table = CATALOG[rng.choice(list(models))]
+    plain = [p for p in table.profiles if "+" not in p.name]
+    weights = [1.0 / p.compute_slices for p in plain]
+    first = rng.choices(plain, weights)[0]
+    chosen = [first]
+    if rng.random() < 0.4:  # alternatives: a bigger cut also serves
+        bigger = [p for p in plain if p.compute_slices >= first.compute_slices and p != first]
+        if bigger:
+            chosen.append(rng.choice(bigger))
+    profiles: list[str] = []
+    for prof in chosen:
+        profiles.append(prof.name)
+        if rng.random() < 0.5:  # the same cut on the other models
+            key = (prof.compute_slices, prof.memory_slices)
+            profiles += [n for n in GEOMETRY[key] if n not in profiles]
+    count = 1 if rng.random() < 0.7 else rng.choice([2, 2, 3, 4])
+    priority = 1 if rng.random() < 0.2 else 0
+    return Request(name, tuple(dict.fromkeys(profiles)), count, priority)
+
+
+def random_instance(rng: random.Random) -> tuple[Snapshot, list[Request]]:
+    models = rng.sample(MODELS, rng.choice([1, 2, 2, 3]))
+    nodes = []
+    for n in range(rng.randint(2, 6)):
+        model = rng.choice(models)
+        table = CATALOG[model]
+        gpus = tuple(
+            GpuState(f"node-{n}", g, model, random_layout(rng, table, rng.choice([0.0, 0.5, 0.8])))
+            for g in range(rng.randint(1, 4))
+        )
+        nodes.append(NodeState(f"node-{n}", gpus))
+    requests = [random_request(rng, f"r{i}", models) for i in range(rng.randint(5, 20))]
+    return Snapshot(tuple(nodes)), requests
+
+
+def trace_pods() -> list[tuple[int, int]]:
+    """(num_gpu, gpu_milli) of every GPU pod in the trace, in trace order."""
+    with TRACE.open() as fh:
+        rows = [(int(r["num_gpu"]), int(r["gpu_milli"])) for r in csv.DictReader(fh)]
+    return [(n, m) for n, m in rows if n > 0]
+
+
+def trace_profiles(num_gpu: int, gpu_milli: int) -> tuple[tuple[str, ...], int]:
+    """MIG profiles (every model's name for that cut) and count for one trace pod."""
+    if num_gpu > 1:
+        return tuple(GEOMETRY[(7, 8)]), num_gpu
+    sevenths = 7 * gpu_milli / 1000
+    compute = next(c for c in (1, 2, 3, 4, 7) if sevenths <= c + 1e-9)
+    memory = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}[compute]
+    return tuple(GEOMETRY[(compute, memory)]), 1
+
+
+def _profiles_for(table: ModelTable, names: Sequence[str]) -> list[str]:
+    return [n for n in names if table.has(n)]
+
+
+def trace_instance(
+    rng: random.Random,
+    pods: Sequence[tuple[int, int]],
+    nodes: int,
+    gpus: int,
+    requests: int,
+    models: Sequence[str] = BIG_MODELS,
+) -> tuple[Snapshot, list[Request]]:
+    """Nodes partly filled with running trace pods (used) and left-over free instances,
+    then the next trace pods as requests."""
+    cursor = rng.randrange(len(pods))
+    snapshot_nodes = []
+    for n in range(nodes):
+        model = rng.choice(list(models))
+        table = CATALOG[model]
+        gpu_states = []
+        for g in range(gpus):
+            layout: list[InstanceState] = []
+            target = rng.choice([0, 1, 2, 3])
+            for _ in range(target):
+                num, milli = pods[cursor % len(pods)]
+                cursor += 1
+                names, _count = trace_profiles(1, milli if num == 1 else 1000)
+                wanted = set(_profiles_for(table, names))
+                current = [Instance(i.profile, i.start) for i in layout]
+                options = [i for i in addable_placements(table, current) if i.profile in wanted]
+                if options:
+                    inst = options[0]
+                    layout.append(InstanceState(inst.profile, inst.start, rng.random() < 0.7))
+            gpu_states.append(GpuState(f"node-{n}", g, model, tuple(layout)))
+        snapshot_nodes.append(NodeState(f"node-{n}", tuple(gpu_states)))
+    reqs = []
+    for i in range(requests):
+        num, milli = pods[cursor % len(pods)]
+        cursor += 1
+        names, count = trace_profiles(num, milli)
+        reqs.append(Request(f"pod-{i}", names, count, 1 if rng.random() < 0.1 else 0))
+    return Snapshot(tuple(snapshot_nodes)), reqs
+
+
+# --- first-fit baseline -----------------------------------------------------------------------
+
+
+def first_fit(snapshot: Snapshot, requests: Sequence[Request]) -> int:
+    """Requests satisfied by first fit: requests by priority then arrival, nodes in order;
+    reuse a free instance or create one at the first free placement; never destroy."""
+    layouts = {
+        (n.name, g.index): [i.geometry for i in g.instances] for n in snapshot.nodes for g in n.gpus
+    }
+    free = {
+        (n.name, g.index): {i.geometry for i in g.instances if not i.used}
+        for n in snapshot.nodes
+        for g in n.gpus
+    }
+    satisfied = 0
+    for request in sorted(requests, key=lambda r: -r.priority):
+        for node in snapshot.nodes:
+            taken: list[tuple[tuple[str, int], Instance, bool]] = []
+            for _ in range(request.count):
+                pick = None
+                for gpu in node.gpus:
+                    key = (node.name, gpu.index)
+                    table = snapshot.table(gpu.model)
+                    reuse = sorted(i for i in free[key] if i.profile in request.profiles)
+                    if reuse:
+                        pick = (key, reuse[0], False)
+                        break
+                    options = [
+                        i
+                        for i in addable_placements(table, layouts[key])
+                        if i.profile in request.profiles
+                    ]
+                    if options:
+                        pick = (key, options[0], True)
+                        break
+                if pick is None:
+                    break
+                key, inst, new = pick
+                if new:
+                    layouts[key].append(inst)
+                else:
+                    free[key].discard(inst)
+                taken.append(pick)
+            if len(taken) == request.count:
+                satisfied += 1
+                break
+            for key, inst, new in taken:  # undo a partial fit on this node
+                if new:
+                    layouts[key].remove(inst)
+                else:
+                    free[key].add(inst)
+    return satisfied
+
+
+# --- exact optimum ----------------------------------------------------------------------------
+
+
+@dataclass
+class Optimum:
+    satisfied: int
+    by_priority: dict[int, int]
+    destroyed: int
+    optimal: bool
+
+
+def priority_weights(requests: Sequence[Request]) -> dict[int, int]:
+    """Weights that make one request of a higher priority outweigh all lower ones together."""
+    weights: dict[int, int] = {}
+    below = 0
+    for level in sorted({r.priority for r in requests}):
+        weights[level] = below + 1
+        below += weights[level] * sum(1 for r in requests if r.priority == level)
+    return weights
+
+
+def optimum(
+    snapshot: Snapshot, requests: Sequence[Request], policy: PolicyView, limit_s: float = 20.0
+) -> Optimum:
+    """CP-SAT: maximise priority-weighted satisfied requests, then minimise destroyed."""
+    model = cp_model.CpModel()
+    weights = priority_weights(requests)
+    present: dict[tuple[str, int, Instance], cp_model.IntVar] = {}
+    destroyed_terms = []
+    take: dict[tuple[int, str], list[cp_model.IntVar]] = {}
+    for node in snapshot.nodes:
+        for gpu in node.gpus:
+            table = snapshot.table(gpu.model)
+            used = {i.geometry for i in gpu.instances if i.used}
+            free = {i.geometry for i in gpu.instances if not i.used}
+            candidates = [
+                Instance(p.name, s)
+                for p in table.profiles
+                for s in p.placements
+                if policy.permits(p.name) or Instance(p.name, s) in free | used
+            ]
+            var = {}
+            for inst in candidates:
+                v = model.new_bool_var(f"a_{node.name}_{gpu.index}_{inst.profile}_{inst.start}")
+                var[inst] = v
+                present[(node.name, gpu.index, inst)] = v
+                if inst in used:
+                    model.add(v == 1)
+                if inst in free:
+                    destroyed_terms.append(1 - v)
+            for k in range(table.memory_slices):
+                covering = [
+                    v for i, v in var.items() if table.profile(i.profile).mask(i.start) >> k & 1
+                ]
+                if len(covering) > 1:
+                    model.add(sum(covering) <= 1)
+            model.add(
+                sum(table.profile(i.profile).compute_slices * v for i, v in var.items())
+                <= table.compute_slices
+            )
+            for prof in table.profiles:
+                same = [v for i, v in var.items() if i.profile == prof.name]
+                if len(same) > prof.max_instances:
+                    model.add(sum(same) <= prof.max_instances)
+            # requests taking free (not used) instances
+            for inst, v in var.items():
+                if inst in used:
+                    continue
+                takers = []
+                for r, request in enumerate(requests):
+                    if inst.profile not in request.profiles:
+                        continue
+                    if request.nodes is not None and node.name not in request.nodes:
+                        continue
+                    z = model.new_bool_var("")
+                    takers.append(z)
+                    take.setdefault((r, node.name), []).append(z)
+                if takers:
+                    model.add(sum(takers) <= v)
+    served = []
+    by_level: dict[int, list[cp_model.IntVar]] = {}
+    for r, request in enumerate(requests):
+        ys = []
+        for node in snapshot.nodes:
+            zs = take.get((r, node.name))
+            if not zs:
+                continue
+            y = model.new_bool_var("")
+            model.add(sum(zs) == request.count * y)
+            ys.append(y)
+        if ys:
+            model.add(sum(ys) <= 1)
+            s = model.new_bool_var("")
+            model.add(s == sum(ys))
+            served.append((weights[request.priority], s))
+            by_level.setdefault(request.priority, []).append(s)
+    objective = sum(w * s for w, s in served)
+    model.maximize(objective)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = limit_s
+    solver.parameters.num_workers = 1
+    status = solver.solve(model)
+    optimal = status == cp_model.OPTIMAL
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return Optimum(0, {}, 0, False)
+    best = round(solver.objective_value)
+    model.add(objective == best)
+    model.minimize(sum(destroyed_terms))
+    status2 = solver.solve(model)
+    optimal = optimal and status2 == cp_model.OPTIMAL
+    levels = {p: sum(solver.value(s) for s in ss) for p, ss in by_level.items()}
+    return Optimum(sum(levels.values()), levels, round(solver.objective_value), optimal)
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+def by_priority(result: Plan, requests: Sequence[Request]) -> dict[int, int]:
+    satisfied = {a.request for a in result.assignments}
+    levels: dict[int, int] = {}
+    for r in requests:
+        if r.name in satisfied:
+            levels[r.priority] = levels.get(r.priority, 0) + 1
+    return levels
+
+
+def lex_key(levels: dict[int, int], requests: Sequence[Request]) -> list[int]:
+    return [levels.get(p, 0) for p in sorted({r.priority for r in requests}, reverse=True)]
+
+
+@dataclass
+class Quality:
+    instances: int = 0
+    ours: int = 0
+    best: int = 0
+    first: int = 0
+    lex_below: int = 0
+    not_proven: int = 0
+    same_sat: int = 0
+    ours_destroyed: int = 0
+    min_destroyed: int = 0
+
+
+def run_quality(label: str, cases: Sequence[tuple[Snapshot, list[Request]]]) -> Quality:
+    q = Quality()
+    for snapshot, requests in cases:
+        result = plan(snapshot, requests)
+        exact = optimum(snapshot, requests, PolicyView())
+        ours = len(result.assignments)
+        q.instances += 1
+        q.ours += ours
+        q.best += exact.satisfied
+        q.first += first_fit(snapshot, requests)
+        q.not_proven += not exact.optimal
+        ours_lex = lex_key(by_priority(result, requests), requests)
+        best_lex = lex_key(exact.by_priority, requests)
+        if ours_lex < best_lex:
+            q.lex_below += 1
+        if ours_lex == best_lex:
+            q.same_sat += 1
+            q.ours_destroyed += result.stats.destroyed
+            q.min_destroyed += exact.destroyed
+    print(
+        f"{label:<8} {q.instances:>5} {q.ours:>8} {q.best:>8} {q.first:>9}"
+        f"  {q.ours / max(q.best, 1):>11.4f} {q.first / max(q.best, 1):>12.4f}"
+        f"  {q.lex_below:>9} {q.ours_destroyed:>9}/{q.min_destroyed:<5} {q.not_proven:>9}"
+    )
+    return q
+
+
+def scale_case(
+    rng: random.Random, pods: Sequence[tuple[int, int]], nodes: int, requests: int
+) -> tuple[Snapshot, list[Request]]:
+    """A big cluster: 8-GPU H100/H200 nodes cut with common mig-parted-style layouts."""
+    configs: dict[str, list[list[tuple[str, int]]]] = {
+        "NVIDIA H100 80GB HBM3": [
+            [],
+            [("7g.80gb", 0)],
+            [("3g.40gb", 0), ("3g.40gb", 4)],
+            [("4g.40gb", 0), ("3g.40gb", 4)],
+            [("1g.10gb", s) for s in range(7)],
+            [("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)],
+            [("2g.20gb", 0), ("2g.20gb", 2), ("2g.20gb", 4)],
+        ],
+        "NVIDIA H200": [
+            [],
+            [("7g.141gb", 0)],
+            [("3g.71gb", 0), ("3g.71gb", 4)],
+            [("1g.18gb", s) for s in range(7)],
+            [("3g.71gb", 0), ("2g.35gb", 4), ("1g.18gb", 6)],
+        ],
+    }
+    snapshot_nodes = []
+    for n in range(nodes):
+        model = BIG_MODELS[n % 2]
+        gpus = []
+        for g in range(8):
+            layout = rng.choice(configs[model])
+            gpus.append(
+                GpuState(
+                    f"node-{n}",
+                    g,
+                    model,
+                    tuple(InstanceState(p, s, rng.random() < 0.6) for p, s in layout),
+                )
+            )
+        snapshot_nodes.append(NodeState(f"node-{n}", tuple(gpus)))
+    reqs = []
+    cursor = rng.randrange(len(pods))
+    for i in range(requests):
+        num, milli = pods[(cursor + i) % len(pods)]
+        names, count = trace_profiles(num, milli)
+        reqs.append(Request(f"pod-{i}", names, min(count, 8), rng.choice([0, 0, 0, 1])))
+    return Snapshot(tuple(snapshot_nodes)), reqs
+
+
+def run_scale(
+    rng: random.Random, pods: Sequence[tuple[int, int]], nodes: int, requests: int, runs: int
+) -> float:
+    times = []
+    sat = 0
+    for _ in range(runs):
+        snapshot, reqs = scale_case(rng, pods, nodes, requests)
+        started = time.perf_counter()
+        result = plan(snapshot, reqs)
+        times.append(time.perf_counter() - started)
+        sat += len(result.assignments)
+    median = statistics.median(times)
+    print(
+        f"{nodes:>5} x 8 / {requests:<5} runs={runs}  median {median * 1000:8.1f} ms"
+        f"  max {max(times) * 1000:8.1f} ms  satisfied/run {sat / runs:8.1f}"
+    )
+    return max(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: few small instances")
+    parser.add_argument("--seed", type=int, default=20231)
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    pods = trace_pods()
+
+    n_random, n_trace = (20, 10) if args.quick else (240, 80)
+    print(f"quality: {n_random} random + {n_trace} trace-derived instances, CP-SAT optimum")
+    print(
+        f"{'set':<8} {'inst':>5} {'migpart':>8} {'optimum':>8} {'firstfit':>9}"
+        f"  {'migpart/opt':>11} {'firstfit/opt':>12}  {'lex<opt':>9} {'destroyed/min':>15}"
+        f" {'unproven':>9}"
+    )
+    random_cases = [random_instance(rng) for _ in range(n_random)]
+    trace_cases = [
+        trace_instance(rng, pods, rng.randint(2, 6), rng.randint(1, 4), rng.randint(5, 20))
+        for _ in range(n_trace)
+    ]
+    qr = run_quality("random", random_cases)
+    qt = run_quality("trace", trace_cases)
+    total = Quality(
+        qr.instances + qt.instances,
+        qr.ours + qt.ours,
+        qr.best + qt.best,
+        qr.first + qt.first,
+        qr.lex_below + qt.lex_below,
+        qr.not_proven + qt.not_proven,
+        qr.same_sat + qt.same_sat,
+        qr.ours_destroyed + qt.ours_destroyed,
+        qr.min_destroyed + qt.min_destroyed,
+    )
+    ratio = total.ours / max(total.best, 1)
+    ff_ratio = total.first / max(total.best, 1)
+    print(
+        f"{'all':<8} {total.instances:>5} {total.ours:>8} {total.best:>8} {total.first:>9}"
+        f"  {ratio:>11.4f} {ff_ratio:>12.4f}  {total.lex_below:>9}"
+        f" {total.ours_destroyed:>9}/{total.min_destroyed:<5} {total.not_proven:>9}"
+    )
+    destroyed_ok = total.ours_destroyed <= 1.10 * total.min_destroyed
+    print()
+    print("plan time, one core (trace-shaped requests on H100/H200 nodes):")
+    scales = [(100, 200, 5), (1000, 2000, 5), (1250, 5000, 5)]
+    if args.quick:
+        scales = [(100, 200, 3), (1000, 2000, 1)]
+    worst = {}
+    for nodes, requests, runs in scales:
+        worst[(nodes, requests)] = run_scale(rng, pods, nodes, requests, runs)
+    print()
+    print("targets:")
+    results = [
+        (f"satisfied >= 0.995 x optimum ({ratio:.4f})", ratio >= 0.995),
+        (f"strictly above first-fit ({ratio:.4f} > {ff_ratio:.4f})", ratio > ff_ratio),
+        (
+            f"destroyed within 10% of minimum at equal satisfaction "
+            f"({total.ours_destroyed} vs {total.min_destroyed} over {total.same_sat} instances)",
+            destroyed_ok,
+        ),
+    ]
+    if (1000, 2000) in worst:
+        t = worst[(1000, 2000)]
+        results.append((f"1,000 x 8 / 2,000 plans in < 1 s (max {t:.3f} s)", t < 1.0))
+    for text, ok in results:
+        print(f"  [{'met' if ok else 'MISSED'}] {text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""`migpart plan --input SNAPSHOT.json [--output PLAN.json]`: the planner, offline.
+
+The same pure `migpart.planning.plan` that the operator runs, fed from a file, so that a
+platform team can ask "what would migpart do to this cluster" without a cluster. Exit 0 with a
+plan (even one that satisfies nothing), 2 with one line on stderr naming the offending field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from migpart.errors import InvalidInput
+from migpart.planning.codec import encode_plan, parse_input
+from migpart.planning.planner import plan
+
+
+class _Usage(Exception):
+    """A command-line mistake; reported as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Usage(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="migpart plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--input", required=True, help="snapshot JSON file ('-' for stdin)")
+    parser.add_argument("--output", help="write the plan JSON here instead of stdout")
+    parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
+    return parser
+
+
+def _read(source: str) -> object:
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput("--input", f"cannot read {source}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInput("--input", f"{source} is not UTF-8 text: {exc.reason}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            "--input", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        document = _read(args.input)
+        parsed = parse_input(document)
+    except _Usage as exc:
+        print(f"migpart plan: {exc}", file=sys.stderr)
+        return 2
+    except InvalidInput as exc:
+        print(str(exc).replace("\n", " "), file=sys.stderr)
+        return 2
+
+    started = time.perf_counter()
+    result = plan(parsed.snapshot, parsed.requests, parsed.policy)
+    plan_millis = (time.perf_counter() - started) * 1000
+    text = json.dumps(encode_plan(result, plan_millis), indent=2) + "\n"
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            print(f"--output: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    else:
+        sys.stdout.write(text)
+
+    # Imported here so that bad input never configures logging (one line on stderr, exactly).
+    import structlog
+
+    from migpart import logs
+
+    logs.configure(args.log_level)
+    structlog.get_logger("migpart.plan").info(
+        "plan_computed",
+        nodes=len(parsed.snapshot.nodes),
+        requests=len(parsed.requests),
+        satisfied=len(result.assignments),
+        unsatisfied=len(result.unsatisfied),
+        destroyed=result.stats.destroyed,
+        created=result.stats.created,
+        gpus_changed=result.stats.gpus_changed,
+        plan_millis=round(plan_millis, 3),
+    )
+    return 0

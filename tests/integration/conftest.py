@@ -1,0 +1,286 @@
+"""Integration fixtures: migpart's CRDs and DeviceClass on the testbed, and the operator
+running in-process (kopf on its own event loop in a background thread) against it.
+
+Helpers here write objects the way the other actors would: `put_mignode` as the agent
+(status through the status subresource), `mark_unschedulable` as kube-scheduler (pods/status),
+`allocate` as kube-scheduler's allocation (resourceclaims/status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kopf
+import pytest
+
+from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
+from migpart.controller.handlers import build_registry
+from migpart.controller.state import Hooks, JournalEntry
+from migpart.mig import builtin_table
+from migpart.testbed import Testbed
+
+ROOT = Path(__file__).resolve().parents[2]
+H100 = "NVIDIA H100 80GB HBM3"
+T = TypeVar("T")
+
+
+def eventually(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.2) -> T:
+    """Call `fn` until it returns a truthy value without raising AssertionError.
+
+    The timeout only guards against hanging; nothing is asserted about how long it took.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = fn()
+            if result:
+                return result
+            last: Exception | None = None
+        except AssertionError as e:
+            last = e
+        if time.monotonic() > deadline:
+            if last is not None:
+                raise last
+            raise AssertionError(f"condition not met within {timeout}s: {fn}")
+        time.sleep(interval)
+
+
+def get(bed: Testbed, *args: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(bed.kubectl("get", *args, "-o", "json"))
+    return out
+
+
+def get_or_none(bed: Testbed, *args: str) -> dict[str, Any] | None:
+    out = bed.kubectl("get", *args, "-o", "json", "--ignore-not-found", check=False)
+    return json.loads(out) if out.strip() else None
+
+
+def apply(bed: Testbed, body: dict[str, Any]) -> None:
+    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(body))
+
+
+def patch_status(bed: Testbed, kind: str, name: str, status: dict[str, Any], *ns: str) -> None:
+    bed.kubectl(
+        "patch",
+        kind,
+        name,
+        *ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
+def gpu_status(index: int, instances: list[tuple[str, int]], model: str = H100) -> GpuStatus:
+    """A GPU as the agent reports it, with the profile table of the built-in catalog."""
+    table = builtin_table(model)
+    return GpuStatus(
+        index=index,
+        uuid=f"GPU-{index:08d}-test",
+        model=model,
+        mig_enabled=True,
+        compute_slices=table.compute_slices,
+        memory_slices=table.memory_slices,
+        profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
+        instances=[
+            MigInstanceStatus(profile=p, start=s, uuid=f"MIG-{index}-{p}-{s}", state="Free")
+            for p, s in instances
+        ],
+    )
+
+
+def put_mignode(
+    bed: Testbed,
+    name: str,
+    gpus: list[GpuStatus],
+    spec: dict[str, Any] | None = None,
+    observed_plan_id: str | None = None,
+) -> None:
+    """Create/refresh MigNode `name` and write its status as the agent would."""
+    body: dict[str, Any] = {
+        "apiVersion": "migpart.io/v1alpha1",
+        "kind": "MigNode",
+        "metadata": {"name": name},
+    }
+    if spec is not None:
+        body["spec"] = spec
+    apply(bed, body)
+    status = MigNodeStatus(observed_plan_id=observed_plan_id, gpus=gpus)
+    patch_status(
+        bed, "mignode", name, status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    )
+
+
+def claim_body(name: str, namespace: str, expression: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "mig.migpart.io",
+                            "selectors": [{"cel": {"expression": expression}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def pending_pod(bed: Testbed, name: str, namespace: str, claim: str) -> None:
+    """A pod using `claim`, left to a scheduler that does not exist, then marked
+    Unschedulable the way kube-scheduler marks it."""
+    apply(
+        bed,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "schedulerName": "migpart-test-no-scheduler",
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                "containers": [
+                    {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
+                ],
+            },
+        },
+    )
+    patch_status(
+        bed,
+        "pod",
+        name,
+        {
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/1 nodes are available: cannot allocate all claims",
+                }
+            ]
+        },
+        "-n",
+        namespace,
+    )
+
+
+def allocate(bed: Testbed, claim: str, namespace: str, node: str, device: str) -> None:
+    """Write the claim's allocation as kube-scheduler would (resourceclaims/status)."""
+    patch_status(
+        bed,
+        "resourceclaim",
+        claim,
+        {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": "mig.migpart.io",
+                            "pool": node,
+                            "device": device,
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                },
+            }
+        },
+        "-n",
+        namespace,
+    )
+
+
+def policy_body(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "migpart.io/v1alpha1",
+        "kind": "GpuPartitionPolicy",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": labels}, **spec},
+    }
+
+
+@pytest.fixture(scope="session")
+def cluster(testbed: Testbed) -> Testbed:
+    """The testbed with migpart's CRDs Established and its DeviceClass applied."""
+    for crd in sorted((ROOT / "crds").glob("*.yaml")):
+        testbed.kubectl("apply", "--server-side", "-f", str(crd))
+    for crd in ("gpupartitionpolicies.migpart.io", "mignodes.migpart.io"):
+        testbed.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+    testbed.kubectl("apply", "--server-side", "-f", str(ROOT / "manifests" / "deviceclass.yaml"))
+    eventually(lambda: "default" in testbed.kubectl("get", "namespaces", "-o", "name"))
+    return testbed
+
+
+@dataclass
+class RunningOperator:
+    """An operator on its own loop in a thread; `hooks` expose its protocol steps."""
+
+    hooks: Hooks
+    loop: asyncio.AbstractEventLoop | None = None
+    error: BaseException | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def steps(self, node: str) -> list[JournalEntry]:
+        return [e for e in list(self.hooks.journal) if e.node == node]
+
+
+@pytest.fixture
+def operator(cluster: Testbed) -> Iterator[RunningOperator]:
+    running = RunningOperator(hooks=Hooks())
+
+    def main() -> None:
+        loop = asyncio.new_event_loop()
+        running.loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(
+                kopf.operator(
+                    registry=build_registry(cluster.kubeconfig, hooks=running.hooks, tick_s=0.2),
+                    clusterwide=True,
+                    standalone=True,
+                    ready_flag=running.ready,
+                    stop_flag=running.stop,
+                    memo=kopf.Memo(),
+                )
+            )
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread, re-raised there
+            running.error = e
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    thread = threading.Thread(target=main, name="migpart-operator", daemon=True)
+    thread.start()
+    assert running.ready.wait(60), "operator did not become ready"
+    try:
+        yield running
+    finally:
+        # Policies carry the daemon's finalizer: delete them while the operator still runs.
+        cluster.kubectl("delete", "gpupartitionpolicies", "--all", "--wait=true", "--timeout=60s")
+        running.stop.set()
+        thread.join(60)
+        assert not thread.is_alive(), "operator did not stop"
+        if running.error is not None:
+            raise running.error

@@ -1,0 +1,160 @@
+"""Pending claims make the operator write MigNode.spec; policy status and events report it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from tests.integration.conftest import (
+    RunningOperator,
+    apply,
+    claim_body,
+    eventually,
+    get,
+    gpu_status,
+    pending_pod,
+    policy_body,
+    put_mignode,
+)
+
+from migpart.testbed import Testbed
+
+pytestmark = pytest.mark.integration
+
+PROFILE_IS = 'device.attributes["mig.migpart.io"].profile == "{}"'
+
+
+def _events(bed: Testbed, name: str, namespace: str = "") -> list[dict[str, Any]]:
+    scope = ["-n", namespace] if namespace else ["-A"]
+    items = json.loads(bed.kubectl("get", "events", *scope, "-o", "json"))["items"]
+    return [e for e in items if e["involvedObject"]["name"] == name]
+
+
+def test_pending_claim_produces_mignode_spec(cluster: Testbed, operator: RunningOperator) -> None:
+    node = "plan-b"
+    cluster.add_node(node, {"migpart-test": "b"})
+    put_mignode(cluster, node, [gpu_status(0, [])])
+    apply(
+        cluster,
+        policy_body("policy-b", {"migpart-test": "b"}, reconfiguration={"batchWindowSeconds": 0}),
+    )
+    apply(cluster, claim_body("claim-b", "default", PROFILE_IS.format("3g.40gb")))
+    pending_pod(cluster, "pod-b", "default", "claim-b")
+
+    def planned() -> dict[str, Any]:
+        spec = get(cluster, "mignode", node).get("spec") or {}
+        assert spec.get("planId")
+        return spec
+
+    spec = eventually(planned)
+    instances = spec["gpus"][0]["instances"]
+    assert {"profile": "3g.40gb", "start": instances[0]["start"]} in instances
+    assert [i["profile"] for i in instances].count("3g.40gb") == 1
+
+    def reported() -> dict[str, Any]:
+        status = get(cluster, "gpupartitionpolicy", "policy-b").get("status") or {}
+        assert status.get("lastPlan", {}).get("planId") == spec["planId"]
+        return status
+
+    status = eventually(reported)
+    assert status["nodes"] == 1
+    assert status["gpus"] == 1
+    assert status["pendingRequests"] == 1
+    assert status["lastPlan"]["satisfied"] == 1
+    assert status["lastPlan"]["created"] >= 1
+    assert status["observedGeneration"] >= 1
+    ready = [c for c in status["conditions"] if c["type"] == "Ready"]
+    assert ready[0]["status"] == "True"
+    assert eventually(
+        lambda: [e for e in _events(cluster, "policy-b") if e["reason"] == "Repartitioning"]
+    )
+
+    # level-triggered: with the demand unchanged, later rounds write no new plan
+    written = [e for e in operator.steps(node) if e.step == "spec_written"]
+    assert len(written) == 1
+    put_mignode(cluster, node, [gpu_status(0, [])])  # wake everything up again
+    eventually(lambda: len(operator.hooks.journal) > 0 and get(cluster, "mignode", node))
+    assert get(cluster, "mignode", node)["spec"]["planId"] == spec["planId"]
+
+
+def test_unsatisfiable_claim_warns_once_and_plans_nothing(
+    cluster: Testbed, operator: RunningOperator
+) -> None:
+    node = "plan-u"
+    cluster.add_node(node, {"migpart-test": "u"})
+    put_mignode(cluster, node, [gpu_status(0, [])])
+    apply(
+        cluster,
+        policy_body(
+            "policy-u",
+            {"migpart-test": "u"},
+            profiles={"allow": ["1g.10gb"]},
+            reconfiguration={"batchWindowSeconds": 0},
+        ),
+    )
+    apply(cluster, claim_body("claim-u", "default", PROFILE_IS.format("7g.80gb")))
+    pending_pod(cluster, "pod-u", "default", "claim-u")
+
+    warned = eventually(
+        lambda: [
+            e for e in _events(cluster, "claim-u", "default") if e["reason"] == "Unsatisfiable"
+        ]
+    )
+    assert warned[0]["type"] == "Warning"
+    assert "7g.80gb" in warned[0]["message"]
+
+    def counted() -> dict[str, Any]:
+        status = get(cluster, "gpupartitionpolicy", "policy-u").get("status") or {}
+        assert status.get("pendingRequests") == 1
+        return status
+
+    status = eventually(counted)
+    assert "lastPlan" not in status
+    assert not (get(cluster, "mignode", node).get("spec") or {}).get("planId")
+    events = [e for e in _events(cluster, "claim-u", "default") if e["reason"] == "Unsatisfiable"]
+    assert sum(e.get("count", 1) for e in events) == 1
+
+
+def test_policy_without_nodes_is_not_ready(cluster: Testbed, operator: RunningOperator) -> None:
+    apply(cluster, policy_body("policy-empty", {"migpart-test": "nothing-has-this"}))
+
+    def reported() -> dict[str, Any]:
+        status = get(cluster, "gpupartitionpolicy", "policy-empty").get("status") or {}
+        ready = [c for c in status.get("conditions", []) if c["type"] == "Ready"]
+        assert ready
+        assert ready[0]["status"] == "False"
+        return ready[0]
+
+    ready = eventually(reported)
+    assert ready["reason"] == "NoNodes"
+
+
+def test_dry_run_reports_and_changes_nothing(cluster: Testbed, operator: RunningOperator) -> None:
+    node = "plan-dry"
+    cluster.add_node(node, {"migpart-test": "dry"})
+    put_mignode(cluster, node, [gpu_status(0, [])])
+    apply(
+        cluster,
+        policy_body(
+            "policy-dry",
+            {"migpart-test": "dry"},
+            mode="DryRun",
+            reconfiguration={"batchWindowSeconds": 0},
+        ),
+    )
+    apply(cluster, claim_body("claim-dry", "default", PROFILE_IS.format("2g.20gb")))
+    pending_pod(cluster, "pod-dry", "default", "claim-dry")
+
+    def reported() -> dict[str, Any]:
+        status = get(cluster, "gpupartitionpolicy", "policy-dry").get("status") or {}
+        assert status.get("lastPlan")
+        return status
+
+    status = eventually(reported)
+    assert status["lastPlan"]["created"] >= 1
+    assert eventually(
+        lambda: [e for e in _events(cluster, "policy-dry") if e["reason"] == "DryRunPlan"]
+    )
+    assert not (get(cluster, "mignode", node).get("spec") or {}).get("planId")
+    assert not [e for e in operator.steps(node) if e.step == "spec_written"]

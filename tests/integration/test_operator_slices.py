@@ -1,0 +1,94 @@
+"""The operator publishes each node's ResourceSlice from MigNode.status (real API server)."""
+
+from __future__ import annotations
+
+import pytest
+from tests.integration.conftest import (
+    RunningOperator,
+    eventually,
+    get_or_none,
+    gpu_status,
+    put_mignode,
+)
+
+from migpart.testbed import Testbed
+
+pytestmark = pytest.mark.integration
+
+
+def _slice(bed: Testbed, node: str) -> dict | None:
+    return get_or_none(bed, "resourceslice", f"{node}-mig.migpart.io")
+
+
+def test_status_change_publishes_slice_with_next_generation(
+    cluster: Testbed, operator: RunningOperator
+) -> None:
+    node = "slices-c"
+    cluster.add_node(node, {"migpart-test": "c"})
+    put_mignode(cluster, node, [gpu_status(0, [("1g.10gb", 0)])])
+
+    first = eventually(lambda: _slice(cluster, node))
+    spec = first["spec"]
+    assert spec["driver"] == "mig.migpart.io"
+    assert spec["nodeName"] == node
+    assert spec["pool"]["name"] == node
+    assert spec["pool"]["resourceSliceCount"] == 1
+    assert [d["name"] for d in spec["devices"]] == ["gpu-0-1g10gb-0"]
+    device = spec["devices"][0]
+    assert device["attributes"]["profile"] == {"string": "1g.10gb"}
+    assert device["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert device["attributes"]["parentUUID"] == {"string": "GPU-00000000-test"}
+    assert device["attributes"]["uuid"] == {"string": "MIG-0-1g.10gb-0"}
+    assert device["attributes"]["gpuIndex"] == {"int": 0}
+    assert device["attributes"]["placementStart"] == {"int": 0}
+    assert set(device["capacity"]) >= {"memory", "multiprocessors", "computeSlices", "memorySlices"}
+    generation = spec["pool"]["generation"]
+
+    # the agent reports a second instance: one more device, generation + 1
+    put_mignode(cluster, node, [gpu_status(0, [("1g.10gb", 0), ("1g.10gb", 1)])])
+
+    def updated() -> dict:
+        got = _slice(cluster, node)
+        assert got is not None
+        assert len(got["spec"]["devices"]) == 2
+        return got
+
+    second = eventually(updated)
+    assert second["spec"]["pool"]["generation"] == generation + 1
+    assert sorted(d["name"] for d in second["spec"]["devices"]) == [
+        "gpu-0-1g10gb-0",
+        "gpu-0-1g10gb-1",
+    ]
+    # written by the operator: the pool is the node's, and the API server accepted it as is
+    owner = second["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("MigNode", node)
+    publishes = [e for e in operator.steps(node) if e.step == "slice_published"]
+    assert [e.detail for e in publishes][-1] == f"generation {generation + 1}"
+
+
+def test_unchanged_device_set_keeps_generation(cluster: Testbed, operator: RunningOperator) -> None:
+    node = "slices-c2"
+    cluster.add_node(node, {"migpart-test": "c2"})
+    put_mignode(cluster, node, [gpu_status(0, [("2g.20gb", 0)])])
+    first = eventually(lambda: _slice(cluster, node))
+    generation = first["spec"]["pool"]["generation"]
+    # a status write that changes no device (a condition), then one that does
+    cluster.kubectl(
+        "patch",
+        "mignode",
+        node,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"Test"}]}}',
+    )
+    put_mignode(cluster, node, [gpu_status(0, [("2g.20gb", 0), ("2g.20gb", 2)])])
+
+    def updated() -> dict:
+        got = _slice(cluster, node)
+        assert got is not None
+        assert len(got["spec"]["devices"]) == 2
+        return got
+
+    second = eventually(updated)
+    assert second["spec"]["pool"]["generation"] == generation + 1

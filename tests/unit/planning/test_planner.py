@@ -1,0 +1,254 @@
+"""Table-driven tests of the planner's objective: reuse, no destruction, priorities, policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from migpart.mig import Instance
+from migpart.planning.model import (
+    GpuState,
+    InstanceState,
+    NodeState,
+    PolicyView,
+    Request,
+    Snapshot,
+    Spare,
+)
+from migpart.planning.planner import plan
+from tests.unit.planning.test_properties import check_plan
+
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+
+
+def gpu(node: str, index: int, *instances: tuple[str, int, bool], model: str = H100) -> GpuState:
+    return GpuState(node, index, model, tuple(InstanceState(p, s, u) for p, s, u in instances))
+
+
+def snap(*gpus: GpuState) -> Snapshot:
+    nodes: dict[str, list[GpuState]] = {}
+    for g in gpus:
+        nodes.setdefault(g.node, []).append(g)
+    return Snapshot(tuple(NodeState(n, tuple(gs)) for n, gs in nodes.items()))
+
+
+def req(
+    name: str,
+    *profiles: str,
+    count: int = 1,
+    priority: int = 0,
+    nodes: frozenset[str] | None = None,
+) -> Request:
+    return Request(name, profiles, count, priority, nodes)
+
+
+@dataclass
+class Case:
+    name: str
+    snapshot: Snapshot
+    requests: list[Request]
+    satisfied: set[str]
+    destroyed: int
+    created: int
+    policy: PolicyView = PolicyView()  # noqa: RUF009 - frozen dataclass, safe default
+    gpus_changed: int | None = None
+
+
+CASES = [
+    Case("empty cluster, no requests", snap(gpu("a", 0)), [], set(), 0, 0, gpus_changed=0),
+    Case(
+        "reuses a free instance before creating",
+        snap(gpu("a", 0, ("1g.10gb", 0, False)), gpu("a", 1)),
+        [req("r", "1g.10gb")],
+        {"r"},
+        0,
+        0,
+        gpus_changed=0,
+    ),
+    Case(
+        "never hands out a used instance",
+        snap(gpu("a", 0, ("7g.80gb", 0, True))),
+        [req("r", "7g.80gb")],
+        set(),
+        0,
+        0,
+    ),
+    Case(
+        "creates in free space without destroying",
+        snap(gpu("a", 0, ("3g.40gb", 0, True), ("1g.10gb", 4, False))),
+        [req("r", "2g.20gb", "1g.20gb")],
+        {"r"},
+        0,
+        1,
+    ),
+    Case(
+        "destroys a free instance only when it must",
+        snap(gpu("a", 0, ("3g.40gb", 0, True), ("1g.10gb", 4, False))),
+        [req("r", "3g.40gb")],
+        {"r"},
+        1,
+        1,
+    ),
+    Case(
+        "prefers the GPU already being changed",
+        snap(gpu("a", 0), gpu("a", 1)),
+        [req("r1", "1g.10gb"), req("r2", "1g.10gb")],
+        {"r1", "r2"},
+        0,
+        2,
+        gpus_changed=1,
+    ),
+    Case(
+        "multi-device request stays on one node",
+        snap(gpu("a", 0, ("7g.80gb", 0, True)), gpu("b", 0), gpu("b", 1)),
+        [req("r", "7g.80gb", count=2)],
+        {"r"},
+        0,
+        2,
+    ),
+    Case(
+        "multi-device request that no single node can hold",
+        snap(gpu("a", 0), gpu("b", 0)),
+        [req("r", "7g.80gb", count=2)],
+        set(),
+        0,
+        0,
+    ),
+    Case(
+        "higher priority wins over any number of lower",
+        snap(gpu("a", 0)),
+        [req(f"small{i}", "1g.10gb") for i in range(7)] + [req("big", "7g.80gb", priority=1)],
+        {"big"},
+        0,
+        1,
+    ),
+    Case(
+        "alternatives across models",
+        snap(gpu("a", 0, model=H200)),
+        [req("r", "3g.40gb", "3g.71gb")],
+        {"r"},
+        0,
+        1,
+    ),
+    Case(
+        "a denied profile is never created",
+        snap(gpu("a", 0)),
+        [req("r", "1g.10gb")],
+        set(),
+        0,
+        0,
+        PolicyView(denied=frozenset({"1g.10gb"})),
+    ),
+    Case(
+        "an existing free instance of a denied profile may still be assigned",
+        snap(gpu("a", 0, ("1g.10gb", 0, False))),
+        [req("r", "1g.10gb")],
+        {"r"},
+        0,
+        0,
+        PolicyView(denied=frozenset({"1g.10gb"})),
+    ),
+    Case(
+        "only allowed profiles are created",
+        snap(gpu("a", 0)),
+        [req("r", "1g.10gb", "2g.20gb")],
+        {"r"},
+        0,
+        1,
+        PolicyView(allowed=frozenset({"2g.20gb"})),
+    ),
+    Case(
+        "node restriction",
+        snap(gpu("a", 0), gpu("b", 0)),
+        [req("r", "1g.10gb", nodes=frozenset({"b"}))],
+        {"r"},
+        0,
+        1,
+    ),
+    Case(
+        "spares are created in free space",
+        snap(gpu("a", 0, ("3g.40gb", 0, True))),
+        [],
+        set(),
+        0,
+        2,
+        PolicyView(spares=(Spare("1g.10gb", 2),)),
+    ),
+    Case(
+        "existing free instances count as spares",
+        snap(gpu("a", 0, ("1g.10gb", 0, False), ("1g.10gb", 1, False))),
+        [],
+        set(),
+        0,
+        0,
+        PolicyView(spares=(Spare("1g.10gb", 2),)),
+    ),
+    Case(
+        "spares never destroy",
+        snap(gpu("a", 0, ("7g.80gb", 0, False))),
+        [],
+        set(),
+        0,
+        0,
+        PolicyView(spares=(Spare("1g.10gb", 1),)),
+    ),
+    Case(
+        "zero-count request is unsatisfied, not an error",
+        snap(gpu("a", 0)),
+        [req("r", "1g.10gb", count=0)],
+        set(),
+        0,
+        0,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_planner_cases(case: Case) -> None:
+    result = plan(case.snapshot, case.requests, case.policy)
+    check_plan(case.snapshot, case.requests, case.policy, result)
+    assert {a.request for a in result.assignments} == case.satisfied
+    assert result.stats.destroyed == case.destroyed
+    assert result.stats.created == case.created
+    if case.gpus_changed is not None:
+        assert result.stats.gpus_changed == case.gpus_changed
+
+
+def test_best_fit_keeps_a_whole_gpu_free() -> None:
+    """Small requests go beside the used instance, leaving the empty GPU whole for a 7g."""
+    snapshot = snap(gpu("a", 0), gpu("a", 1, ("3g.40gb", 0, True)))
+    result = plan(snapshot, [req("small", "1g.10gb"), req("big", "7g.80gb")])
+    assert {a.request for a in result.assignments} == {"small", "big"}
+    small = next(a for a in result.assignments if a.request == "small")
+    assert small.devices[0].gpu == 1
+
+
+def test_devices_in_preference_order_on_ties() -> None:
+    result = plan(snap(gpu("a", 0)), [req("r", "2g.20gb", "1g.20gb")])
+    assert result.assignments[0].devices[0].profile == "2g.20gb"
+
+
+def test_free_instance_at_target_is_kept() -> None:
+    snapshot = snap(gpu("a", 0, ("1g.10gb", 6, False)))
+    result = plan(snapshot, [req("r", "3g.40gb")])
+    assert Instance("1g.10gb", 6) in result.gpus[0].instances
+    assert result.stats.destroyed == 0
+
+
+def test_every_gpu_listed_even_untouched() -> None:
+    snapshot = snap(gpu("a", 0), gpu("a", 1), gpu("b", 3, ("1g.10gb", 0, True)))
+    result = plan(snapshot, [])
+    assert [(g.node, g.index) for g in result.gpus] == [("a", 0), ("a", 1), ("b", 3)]
+    assert result.gpus[2].instances == (Instance("1g.10gb", 0),)
+
+
+def test_large_cluster_uses_equivalence_classes() -> None:
+    """Many identical nodes: everything that fits is placed (no wall-clock assertion)."""
+    gpus = [gpu(f"n{n}", g) for n in range(200) for g in range(8)]
+    requests = [req(f"r{i}", "1g.10gb", "1g.18gb") for i in range(400)]
+    requests += [req(f"m{i}", "3g.40gb", count=2) for i in range(100)]
+    result = plan(snap(*gpus), requests)
+    assert not result.unsatisfied
+    check_plan(snap(*gpus), requests, PolicyView(), result)
