@@ -277,6 +277,10 @@ def operator(cluster: Testbed) -> Iterator[RunningOperator]:
     try:
         yield running
     finally:
+        # What the test made must not become the next test's demand. Unscheduled pods go at
+        # once; bound ones have no kubelet to confirm, hence --force.
+        cluster.kubectl("delete", "pods", "--all", "-n", "default", "--force", "--grace-period=0")
+        cluster.kubectl("delete", "resourceclaims", "--all", "-n", "default", "--wait=false")
         # Policies carry the daemon's finalizer: delete them while the operator still runs.
         cluster.kubectl("delete", "gpupartitionpolicies", "--all", "--wait=true", "--timeout=60s")
         running.stop.set()

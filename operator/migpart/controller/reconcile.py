@@ -296,6 +296,52 @@ def ready_condition(status: str, reason: str, message: str, previous: list[Condi
     )
 
 
+def _revision(body: Body) -> int | None:
+    value = (body.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def with_own_writes(cluster: Cluster, written: dict[str, dict[str, Any]]) -> Cluster:
+    """The cluster with the MigNodes this operator wrote and the watch has not shown yet.
+
+    Watches lag: a round that started right after another one wrote a spec could still see the
+    old spec in the index, take the node for idle, and plan it a second time. The patch
+    response is the whole object at a newer revision, so it stands in until the index catches
+    up (then it is forgotten). Resource versions are etcd revisions; where one is not a number,
+    the written body wins until the index shows the same plan.
+    """
+    if not written:
+        return cluster
+    mignodes = dict(cluster.mignodes)
+    for name, body in list(written.items()):
+        seen = mignodes.get(name)
+        if seen is None:
+            written.pop(name)
+            continue
+        mine, theirs = _revision(body), _revision(seen)
+        if mine is not None and theirs is not None:
+            caught_up = theirs >= mine
+        else:
+            caught_up = (seen.get("spec") or {}).get("planId") == (body.get("spec") or {}).get(
+                "planId"
+            )
+        if caught_up:
+            written.pop(name)
+        else:
+            mignodes[name] = body
+    return Cluster(
+        mignodes=mignodes,
+        node_labels=cluster.node_labels,
+        policies=cluster.policies,
+        claims=cluster.claims,
+        waiting=cluster.waiting,
+        device_classes=cluster.device_classes,
+    )
+
+
 class PolicyRound:
     """One round for one policy; `run` is the whole thing, the steps are methods so that the
     protocol reads top-down."""
@@ -304,7 +350,7 @@ class PolicyRound:
         self.state = state
         self.name = name
         self.body = body
-        self.cluster = cluster
+        self.cluster = with_own_writes(cluster, state.written)
         self.log = log.bind(policy=name)
 
     async def run(self) -> RoundResult:
@@ -406,6 +452,7 @@ class PolicyRound:
             written = await patch_mignode_spec(
                 self.state.api, name, node_spec(plan_id, node_targets)
             )
+            self.state.written[name] = written
             self.state.publisher.observe(MigNode.model_validate(strip(written)))
             self.state.hooks.record(JournalEntry("spec_written", name, detail=plan_id))
             self.state.metrics.repartitions.labels(self.name).inc()

@@ -60,6 +60,8 @@ class OperatorState:
     dry_reports: dict[str, str] = field(default_factory=dict)
     # policy name -> the status last written (to write only changes)
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # MigNode name -> the body our last spec patch returned, until the watch shows it
+    written: dict[str, dict[str, Any]] = field(default_factory=dict)
     wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def wake_all(self) -> None:
