@@ -1,4 +1,4 @@
-"""End-to-end fixtures: one local cluster per session (testbed, operator), nodes per test.
+"""End-to-end fixtures: one local cluster for the suite (testbed, operator), nodes per test.
 
 Each test gets its own namespace, its own node pool label and its own policy, so tests do not
 see each other's demand. A monitor thread checks the one invariant that matters during every
@@ -23,13 +23,21 @@ from migpart.demo.cluster import LocalCluster
 from migpart.demo.kubelet import SimKubelet
 from migpart.mig import device_name
 from migpart.testbed import Testbed
+from tests.testbeds import running_testbed
 
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
 _ids = itertools.count(1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    """This suite's own control plane, stopped when its last test is done."""
+    with running_testbed(tmp_path_factory) as bed:
+        yield bed
+
+
+@pytest.fixture(scope="package")
 def cluster(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local = LocalCluster(testbed, tmp_path_factory.mktemp("e2e"))
     local.install()
@@ -159,6 +167,8 @@ class Scenario:
                     }
                 ],
                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                # this test's nodes only: earlier tests' free devices must not serve it
+                "nodeSelector": {"migpart.io/pool": self.pool},
                 "terminationGracePeriodSeconds": 0,
             },
         }
@@ -202,6 +212,8 @@ class Scenario:
     def cleanup(self) -> None:
         self.tb.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
         self.tb.kubectl("delete", "gpupartitionpolicy", self.pool, "--wait=false", check=False)
+        for node in self.nodes:
+            self.cluster.remove_gpu_node(node)
 
 
 async def _kubelet(cluster: LocalCluster, namespace: str, pod: str, action: str) -> None:

@@ -25,6 +25,7 @@ from migpart.controller.handlers import build_registry
 from migpart.controller.state import Hooks, JournalEntry
 from migpart.mig import builtin_table
 from migpart.testbed import Testbed
+from tests.testbeds import running_testbed
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -220,7 +221,14 @@ def policy_body(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any
     }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    """This suite's own control plane, stopped when its last test is done."""
+    with running_testbed(tmp_path_factory) as bed:
+        yield bed
+
+
+@pytest.fixture(scope="package")
 def cluster(testbed: Testbed) -> Testbed:
     """The testbed with migpart's CRDs Established and its DeviceClass applied."""
     for crd in sorted((ROOT / "crds").glob("*.yaml")):

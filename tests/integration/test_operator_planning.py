@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+
+from migpart.testbed import Testbed
 from tests.integration.conftest import (
     RunningOperator,
     apply,
@@ -17,8 +19,6 @@ from tests.integration.conftest import (
     policy_body,
     put_mignode,
 )
-
-from migpart.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 

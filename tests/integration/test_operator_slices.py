@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from migpart.testbed import Testbed
 from tests.integration.conftest import (
     RunningOperator,
     eventually,
@@ -10,8 +12,6 @@ from tests.integration.conftest import (
     gpu_status,
     put_mignode,
 )
-
-from migpart.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 

@@ -112,6 +112,14 @@ class LocalCluster:
         self.nodes[name] = node
         return node
 
+    def remove_gpu_node(self, name: str) -> None:
+        """Stop the node's agent and delete its Node; the garbage collector takes the MigNode
+        and ResourceSlices the Node owns."""
+        node = self.nodes.pop(name, None)
+        if node is not None:
+            _terminate(node.proc, node.log)
+        self.testbed.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")
+
     def start_operator(self, *extra: str) -> None:
         self._operator = self._spawn(
             "operator",
