@@ -298,9 +298,11 @@ def ready_condition(status: str, reason: str, message: str, previous: list[Condi
 
 def _revision(body: Body) -> int | None:
     value = (body.get("metadata") or {}).get("resourceVersion")
+    if not isinstance(value, str | int):
+        return None
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
 
 
