@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ortools.sat.python import cp_model
@@ -370,12 +370,15 @@ class Quality:
     same_sat: int = 0
     ours_destroyed: int = 0
     min_destroyed: int = 0
+    plan_s: list[float] = field(default_factory=list)
 
 
 def run_quality(label: str, cases: Sequence[tuple[Snapshot, list[Request]]]) -> Quality:
     q = Quality()
     for snapshot, requests in cases:
+        started = time.perf_counter()
         result = plan(snapshot, requests)
+        q.plan_s.append(time.perf_counter() - started)
         exact = optimum(snapshot, requests, PolicyView())
         ours = len(result.assignments)
         q.instances += 1
@@ -505,6 +508,11 @@ def main(argv: list[str] | None = None) -> int:
         f" {total.ours_destroyed:>9}/{total.min_destroyed:<5} {total.not_proven:>9}"
     )
     destroyed_ok = total.ours_destroyed <= 1.10 * total.min_destroyed
+    times = qr.plan_s + qt.plan_s
+    print(
+        f"migpart plan time on these instances: median {statistics.median(times) * 1000:.1f} ms,"
+        f" max {max(times) * 1000:.1f} ms"
+    )
     print()
     print("plan time, one core (trace-shaped requests on H100/H200 nodes):")
     scales = [(100, 200, 5), (1000, 2000, 5), (1250, 5000, 5)]

@@ -27,8 +27,8 @@ are all on its node):
   docs/api.md).
 - Constraints: `matchAttribute` on `parentUUID` or `gpuIndex` (domain mig.migpart.io) means all
   devices on one GPU: `ClaimDemand.same_gpu` is set and profiles of which `count` instances cannot
-  share one GPU are dropped (`planning.model.Request` has no such field yet; the planner must
-  honour `same_gpu` for the plan to be exact). `profile`: only the most preferred candidate is
+  share one GPU are dropped; the Request carries `same_gpu` too, so the planner puts all the
+  devices on one GPU. `profile`: only the most preferred candidate is
   kept. `uuid` with more than one device can never hold. `productName` and `placementStart` are
   not enforced (the scheduler still checks them). A constraint on an attribute of another domain
   cannot hold for migpart devices: Unsatisfiable. `distinctAttribute` is ignored.
@@ -353,7 +353,9 @@ def _combine(
     if node_models is not None:
         eligible = frozenset(n for n, ms in node_models.items() if any(m in by_model for m in ms))
         nodes = eligible if nodes is None else nodes & eligible
-    request = Request(name=name, profiles=profiles, count=count, priority=priority, nodes=nodes)
+    request = Request(
+        name=name, profiles=profiles, count=count, priority=priority, nodes=nodes, same_gpu=same_gpu
+    )
     return ClaimDemand(claim=name, request=request, same_gpu=same_gpu, by_model=by_model)
 
 

@@ -6,7 +6,8 @@ snapshot: every error is an `InvalidInput` whose path names the field exactly
 
 Beyond the contract, the snapshot may carry an optional `policy` object in the shape of a
 GpuPartitionPolicy's spec: `{"profiles": {"allow": [...], "deny": [...]},
-"spares": [{"profile": ..., "count": ...}]}`; requests may carry an optional `nodes` list.
+"spares": [{"profile": ..., "count": ...}]}`; requests may carry an optional `nodes` list and
+an optional `sameGpu` boolean (all `count` devices on one GPU, `Request.same_gpu`).
 """
 
 from __future__ import annotations
@@ -261,7 +262,7 @@ def _requests(raw: object, known: set[str]) -> tuple[Request, ...]:
     for i, raw_req in enumerate(_list(raw, "requests")):
         path = f"requests[{i}]"
         obj = _object(raw_req, path)
-        _unknown_keys(obj, {"name", "profiles", "count", "priority", "nodes"}, path)
+        _unknown_keys(obj, {"name", "profiles", "count", "priority", "nodes", "sameGpu"}, path)
         name = _str(_field(obj, "name", path), _join(path, "name"))
         if name in seen:
             raise InvalidInput(
@@ -280,7 +281,8 @@ def _requests(raw: object, known: set[str]) -> tuple[Request, ...]:
             nodes = frozenset(
                 _str(v, f"{nodes_path}[{k}]") for k, v in enumerate(_list(obj["nodes"], nodes_path))
             )
-        requests.append(Request(name, profiles, count, priority, nodes))
+        same_gpu = _bool(obj.get("sameGpu", False), _join(path, "sameGpu"))
+        requests.append(Request(name, profiles, count, priority, nodes, same_gpu))
     return tuple(requests)
 
 

@@ -57,7 +57,9 @@ class Request:
     """`count` devices on one node, each of any profile in `profiles` (preference order).
 
     `nodes`, when set, restricts the request to those nodes (e.g. the nodes of the policy the
-    request falls under, or nodes a pod's selector allows).
+    request falls under, or nodes a pod's selector allows). `same_gpu` puts all `count` devices
+    on one GPU of that node: a DRA claim whose constraints `matchAttribute` the GPU's
+    `parentUUID` or `gpuIndex`.
     """
 
     name: str
@@ -65,6 +67,7 @@ class Request:
     count: int = 1
     priority: int = 0
     nodes: frozenset[str] | None = None
+    same_gpu: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,15 @@ is smallest. After every request has been tried, a repair pass retries each unsa
 with an exact per-node search that may re-place the free (not used) part of the node's
 assignments made by this plan. Spares come last: free instances of the spare profile are
 counted, and missing ones are created in free space only (nothing is destroyed for a spare),
-on GPUs that are already changing first.
+on GPUs that are already changing first. A request with `same_gpu` gets all its devices on
+one GPU (the cheapest GPU of the node that can hold them all).
+
+Small problems (up to 64 GPUs and 64 requests) get more than the greedy: the greedy runs in
+four request orders, and then `migpart.planning.search` improves the best greedy plan (and
+plans from scratch in each order) with a local search in which every node is packed exactly by
+`migpart.planning.packing` (a dynamic program over the node's GPUs and their reachable
+layouts). That search is bounded by a count of packing steps, so it stays deterministic and
+takes at most about a second on one core; the best plan by the objective wins.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from migpart.planning.model import (
     Request,
     Snapshot,
 )
+from migpart.planning.search import NodeSearch, Packer, Solution
 
 # A cost is one int holding five unsigned fields of 24 bits each, so that costs add and
 # compare as vectors in lexicographic order: destroyed, GPUs newly changed, created,
@@ -69,6 +78,13 @@ _REPAIR_TRIALS = 500
 # Problems up to this many GPUs x requests are also planned with the other request orders.
 _RESTART_SIZE = 20_000
 _STRATEGIES = 4
+# Problems up to this size are also planned by the local search over exactly packed nodes:
+# from the best greedy plan with up to _SEARCH_STEPS packing steps, then from scratch in each
+# request order with up to _RESTART_STEPS each (a step is about a microsecond).
+_SEARCH_GPUS = 64
+_SEARCH_REQUESTS = 64
+_SEARCH_STEPS = 400_000
+_RESTART_STEPS = 100_000
 _DESTROYED = 4 * _FIELD
 _CHANGED = 3 * _FIELD
 _CREATED = 2 * _FIELD
@@ -301,6 +317,7 @@ class _Shape:
     profiles: tuple[str, ...]
     count: int
     nodes: frozenset[str] | None
+    same_gpu: bool = False
 
 
 _Steps = tuple[tuple[int, Instance], ...]
@@ -339,9 +356,9 @@ class _Planner:
             self.used.append(useds)
         self.version = [0] * len(self.node_cids)
         self.heaps: dict[str, list[tuple[int, int, int]]] = {}
-        self.failed: dict[tuple[tuple[str, ...], frozenset[str] | None], int] = {}
+        self.failed: dict[tuple[tuple[str, ...], frozenset[str] | None, bool], int] = {}
         self.eval_cache: dict[
-            tuple[tuple[int, ...], tuple[str, ...], int], tuple[int, _Steps] | None
+            tuple[tuple[int, ...], tuple[str, ...], int, bool], tuple[int, _Steps] | None
         ]
         self.eval_cache = {}
         # request index -> (node, ((gpu position, instance), ...))
@@ -379,17 +396,27 @@ class _Planner:
         return heap[0] if heap else None
 
     def _evaluate(
-        self, node: int, profiles: tuple[str, ...], count: int
+        self, node: int, profiles: tuple[str, ...], count: int, same_gpu: bool = False
     ) -> tuple[int, _Steps] | None:
-        """Cost and devices of `count` devices on `node`, added one cheapest device at a time."""
-        return self._evaluate_on(tuple(self.node_cids[node]), profiles, count)
+        """Cost and devices of `count` devices on `node`, added one cheapest device at a time
+        (all on one GPU with `same_gpu`)."""
+        return self._evaluate_on(tuple(self.node_cids[node]), profiles, count, same_gpu)
 
     def _evaluate_on(
-        self, cids: tuple[int, ...], profiles: tuple[str, ...], count: int
+        self, cids: tuple[int, ...], profiles: tuple[str, ...], count: int, same_gpu: bool = False
     ) -> tuple[int, _Steps] | None:
-        key = (cids, profiles, count)
+        key = (cids, profiles, count, same_gpu)
         if key in self.eval_cache:
             return self.eval_cache[key]
+        if same_gpu and count > 1:
+            # The cheapest GPU that can hold every device by itself.
+            one: tuple[int, _Steps] | None = None
+            for pos, cid in enumerate(cids):
+                alone = self._evaluate_on((cid,), profiles, count)
+                if alone is not None and (one is None or alone[0] < one[0]):
+                    one = (alone[0], tuple((pos, inst) for _, inst in alone[1]))
+            self.eval_cache[key] = one
+            return one
         state = list(cids)
         total = 0
         steps: list[tuple[int, Instance]] = []
@@ -454,7 +481,7 @@ class _Planner:
             node = self.node_index.get(name)
             if node is None or self._room(node, shape.profiles) < shape.count:
                 continue
-            found = self._evaluate(node, shape.profiles, shape.count)
+            found = self._evaluate(node, shape.profiles, shape.count, shape.same_gpu)
             if found is not None and (best is None or (found[0], node) < best[:2]):
                 best = (found[0], node, found[1])
         return best
@@ -501,7 +528,7 @@ class _Planner:
             seen.add(node)
             if self._room(node, shape.profiles) < shape.count:
                 continue
-            found = self._evaluate(node, shape.profiles, shape.count)
+            found = self._evaluate(node, shape.profiles, shape.count, shape.same_gpu)
             if found is None:
                 continue
             feasible += 1
@@ -513,8 +540,9 @@ class _Planner:
 
     def _place(self, request: Request, memo: bool = True) -> tuple[int, _Steps] | None:
         profiles = tuple(dict.fromkeys(request.profiles))
-        shape = _Shape(profiles, request.count, request.nodes)
-        memo_key = (profiles, request.nodes)
+        same_gpu = request.same_gpu and request.count > 1
+        shape = _Shape(profiles, request.count, request.nodes, same_gpu)
+        memo_key = (profiles, request.nodes, same_gpu)
         failed_at = self.failed.get(memo_key)
         if memo and failed_at is not None and request.count >= failed_at:
             return None
@@ -623,7 +651,7 @@ class _Planner:
         saved = list(self.node_cids[node])
         state = list(self.start_cids[node])
         request = self.requests[first]
-        found = self._evaluate_on(tuple(state), profiles, request.count)
+        found = self._evaluate_on(tuple(state), profiles, request.count, request.same_gpu)
         if found is None:
             return False
         self._step(state, found[1])
@@ -632,7 +660,7 @@ class _Planner:
         for i in self.on_node[node]:
             other = self.requests[i]
             again = self._evaluate_on(
-                tuple(state), tuple(dict.fromkeys(other.profiles)), other.count
+                tuple(state), tuple(dict.fromkeys(other.profiles)), other.count, other.same_gpu
             )
             if again is None:
                 displaced.append(i)
@@ -658,6 +686,30 @@ class _Planner:
             self.assigned[i] = target
             self.on_node[target[0]].append(i)
         return True
+
+    # --- exact search ---------------------------------------------------------------------
+
+    def adopt(self, solution: Solution, packer: Packer) -> Plan:
+        """The plan of a search solution: its layouts and devices, then spares."""
+        cls = self.classes
+        for node, packing in enumerate(solution.packings):
+            if packing is None:
+                continue
+            members = solution.members[node]
+            assigned: list[set[Instance]] = [set() for _ in packing.layouts]
+            for i, devices in zip(members, packing.devices, strict=True):
+                self.assigned[i] = (node, devices)
+                for pos, inst in devices:
+                    assigned[pos].add(inst)
+            for pos, layout in enumerate(packing.layouts):
+                space = packer.spaces[node][pos]
+                pinned = space.used | assigned[pos]
+                self.node_cids[node][pos] = cls.intern(
+                    space.table, pinned, layout - pinned, layout != self.original[node][pos]
+                )
+            self.on_node[node] = list(members)
+        self._spares()
+        return self._result()
 
     # --- spares -------------------------------------------------------------------------
 
@@ -765,18 +817,37 @@ def plan(
     requests = tuple(requests)
     policy = policy or PolicyView()
     classes = _Classes(policy)
-    best = _Planner(snapshot, requests, policy, classes).run()
+    greedy = _Planner(snapshot, requests, policy, classes)
+    best = greedy.run()
     gpus = sum(len(n.gpus) for n in snapshot.nodes)
     if gpus * max(len(requests), 1) > _RESTART_SIZE:
         return best
     # Small problems can afford the other request orders; the best plan by the objective wins.
     weights = _priority_weights(requests)
     best_key = _plan_key(best, requests, weights)
+    best_start = (greedy, 0)
     for strategy in range(1, _STRATEGIES):
-        candidate = _Planner(snapshot, requests, policy, classes).run(strategy)
+        other = _Planner(snapshot, requests, policy, classes)
+        candidate = other.run(strategy)
         key = _plan_key(candidate, requests, weights)
         if key < best_key:
-            best, best_key = candidate, key
+            best, best_key, best_start = candidate, key, (other, strategy)
+    if gpus > _SEARCH_GPUS or len(requests) > _SEARCH_REQUESTS:
+        return best
+    # ...and the local search over exactly packed nodes: from the best greedy plan, then from
+    # scratch in each request order.
+    packer = Packer(snapshot, requests, policy)
+    start, strategy = best_start
+    seed = {i: node for i, (node, _) in start.assigned.items()}
+    found = NodeSearch(packer).run(start._order(strategy), _SEARCH_STEPS, seed)
+    for strategy in range(_STRATEGIES):
+        solution = NodeSearch(packer).run(start._order(strategy), _RESTART_STEPS)
+        if solution.key < found.key:
+            found = solution
+    candidate = _Planner(snapshot, requests, policy, classes).adopt(found, packer)
+    key = _plan_key(candidate, requests, weights)
+    if key < best_key:
+        best, best_key = candidate, key
     return best
 
 

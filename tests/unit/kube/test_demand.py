@@ -224,6 +224,7 @@ def test_match_attribute_on_the_gpu_means_same_gpu(attribute: str) -> None:
     )
     got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY))
     assert got.same_gpu
+    assert got.request.same_gpu  # the planner sees it and keeps the devices on one GPU
     # 4g.40gb cannot exist twice on one GPU; the others can.
     assert got.request.profiles == ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb")
     assert got.request.count == 2

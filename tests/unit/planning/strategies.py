@@ -62,6 +62,7 @@ def request_lists(draw: st.DrawFn, nodes: tuple[str, ...] = ()) -> list[Request]
                 draw(st.integers(1, 3)),
                 draw(st.integers(0, 2)),
                 restrict,
+                draw(st.integers(0, 3)) == 0,
             )
         )
     return requests

@@ -85,9 +85,27 @@ def test_defaults_and_policy() -> None:
     assert parsed.requests[0].count == 1
     assert parsed.requests[0].priority == 0
     assert parsed.requests[0].nodes == frozenset({"n"})
+    assert not parsed.requests[0].same_gpu
     assert parsed.policy.permits("1g.6gb")
     assert not parsed.policy.permits("2g.12gb")
     assert parsed.policy.spares[0].count == 1
+
+
+def test_same_gpu_request() -> None:
+    parsed = parse_input(
+        {
+            "nodes": [{"name": "n", "gpus": [{"index": 0, "model": "NVIDIA A30"}]}],
+            "requests": [{"name": "r", "profiles": ["1g.6gb"], "count": 2, "sameGpu": True}],
+        }
+    )
+    assert parsed.requests[0].same_gpu
+    with pytest.raises(InvalidInput, match=r"^requests\[0\]\.sameGpu: expected true or false"):
+        parse_input(
+            {
+                "nodes": [{"name": "n", "gpus": [{"index": 0, "model": "NVIDIA A30"}]}],
+                "requests": [{"name": "r", "profiles": ["1g.6gb"], "sameGpu": "yes"}],
+            }
+        )
 
 
 TABLE = {

@@ -21,6 +21,8 @@ from tests.unit.planning.test_properties import check_plan
 
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
+A30 = "NVIDIA A30"
+A100 = "NVIDIA A100-SXM4-80GB"
 
 
 def gpu(node: str, index: int, *instances: tuple[str, int, bool], model: str = H100) -> GpuState:
@@ -40,8 +42,9 @@ def req(
     count: int = 1,
     priority: int = 0,
     nodes: frozenset[str] | None = None,
+    same_gpu: bool = False,
 ) -> Request:
-    return Request(name, profiles, count, priority, nodes)
+    return Request(name, profiles, count, priority, nodes, same_gpu)
 
 
 @dataclass
@@ -195,6 +198,60 @@ CASES = [
         PolicyView(spares=(Spare("1g.10gb", 1),)),
     ),
     Case(
+        # Greedy puts the high-priority small request on the A30 (its preferred profile) and
+        # then the three 2g.12gb no longer fit anywhere; packed exactly, the small ones take
+        # the A100 and every request is served.
+        "small requests give way to a request only one node can serve",
+        snap(
+            gpu("a30", 0, ("1g.6gb", 0, True), ("1g.6gb", 1, True), model=A30),
+            gpu("a30", 1, model=A30),
+            gpu("a100", 0, model=A100),
+        ),
+        [
+            req("big", "2g.12gb", count=3),
+            req("small-high", "1g.6gb", "1g.10gb", priority=1),
+            req("small", "1g.6gb", "1g.10gb"),
+        ],
+        {"big", "small-high", "small"},
+        0,
+        5,
+    ),
+    Case(
+        # Greedy gives the 1g.18gb the empty GPU first and then must destroy the free
+        # 1g.35gb for the third 3g.71gb; the exact packing puts the 1g.18gb beside it.
+        "a free instance survives when the devices are packed around it",
+        snap(gpu("n", 0, model=H200), gpu("n", 1, ("1g.35gb", 6, False), model=H200)),
+        [req("one", "1g.18gb", priority=1), req("three", "3g.71gb", count=3)],
+        {"one", "three"},
+        0,
+        4,
+    ),
+    Case(
+        "same-GPU devices go to the one GPU that can hold them all",
+        snap(gpu("a", 0, ("4g.40gb", 0, True), ("2g.20gb", 4, True)), gpu("a", 1)),
+        [req("r", "1g.10gb", count=2, same_gpu=True)],
+        {"r"},
+        0,
+        2,
+        gpus_changed=1,
+    ),
+    Case(
+        "same-GPU request that fits the node but no single GPU",
+        snap(gpu("a", 0, ("4g.40gb", 0, True)), gpu("a", 1, ("4g.40gb", 0, True))),
+        [req("r", "1g.10gb", count=4, same_gpu=True)],
+        set(),
+        0,
+        0,
+    ),
+    Case(
+        "the same request without same-GPU spreads over the GPUs",
+        snap(gpu("a", 0, ("4g.40gb", 0, True)), gpu("a", 1, ("4g.40gb", 0, True))),
+        [req("r", "1g.10gb", count=4)],
+        {"r"},
+        0,
+        4,
+    ),
+    Case(
         "zero-count request is unsatisfied, not an error",
         snap(gpu("a", 0)),
         [req("r", "1g.10gb", count=0)],
@@ -252,3 +309,19 @@ def test_large_cluster_uses_equivalence_classes() -> None:
     result = plan(snap(*gpus), requests)
     assert not result.unsatisfied
     check_plan(snap(*gpus), requests, PolicyView(), result)
+
+
+def test_same_gpu_on_a_cluster_too_big_for_the_search() -> None:
+    """The greedy alone (no exact search beyond 64 GPUs) honours same-GPU requests too."""
+    gpus = [
+        gpu(f"n{n}", g, ("4g.40gb", 0, True), ("2g.20gb", 4, True))
+        for n in range(9)
+        for g in range(7)
+    ]
+    gpus += [gpu(f"n{n}", 7, ("4g.40gb", 0, True)) for n in range(9)]
+    requests = [req(f"r{i}", "1g.10gb", count=3, same_gpu=True) for i in range(10)]
+    result = plan(snap(*gpus), requests)
+    check_plan(snap(*gpus), requests, PolicyView(), result)
+    assert len(result.assignments) == 9  # one per node: only GPU 7 has three free slices
+    for a in result.assignments:
+        assert {d.gpu for d in a.devices} == {7}

@@ -46,6 +46,8 @@ def check_plan(
         assert len(a.devices) == request.count
         if request.nodes is not None:
             assert a.node in request.nodes
+        if request.same_gpu:
+            assert len({d.gpu for d in a.devices}) == 1, "same-GPU request spread over GPUs"
         for d in a.devices:
             ref = (a.node, d.gpu, Instance(d.profile, d.start))
             assert Instance(d.profile, d.start) in targets[(a.node, d.gpu)], "device not in target"

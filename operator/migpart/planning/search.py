@@ -1,0 +1,609 @@
+"""Local search over which node serves which request, every node packed exactly.
+
+For problems small enough (see `migpart.planning.planner`), the planner does not settle for its
+greedy device-by-device placement. A solution here is only the answer to "which requests go to
+which node"; what each node then looks like is the exact cheapest packing of its requests
+(`migpart.planning.packing.pack`). A search starts from a greedy plan's assignment or from
+nothing, inserts what is unplaced in a given order where it costs least, then repeats until
+nothing improves or its allowance runs out:
+
+- an unsatisfied request is inserted where it costs least; or in place of a satisfied request of
+  no higher priority that moves to another node (directly, or displacing a third one that moves
+  on) or, having a lower priority, gives way; or a node is rebuilt around it, moving any number
+  of the node's requests elsewhere;
+- an unsatisfied request replaces a satisfied one of the same priority when that costs less
+  (fewer free instances destroyed for the same number of satisfied requests);
+- a request moves to another node, two requests on different nodes swap, or two nodes are
+  emptied and filled again, when that costs less;
+- when nothing else helps, one satisfied request is given up to make room for several.
+
+Satisfaction per priority never drops, and for equal satisfaction the total cost (destroyed,
+GPUs changed, created, preference rank, capacity lost) never rises. The allowance counts the
+node packer's steps (`migpart.planning.packing.Work`), never a clock, and cached packings are
+free, so the result is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from migpart.planning.model import PolicyView, Request, Snapshot
+from migpart.planning.packing import (
+    RANK,
+    Demand,
+    GpuSpace,
+    Memo,
+    NodePacking,
+    OutOfWork,
+    Work,
+    pack,
+)
+
+# Moves that only change the cost (not who is served) must gain at least one step of preference
+# rank: chasing the capacity-lost tie-breaker across nodes costs far more than it is worth.
+_STEP = 1 << RANK
+# What looking up a node packing costs in packing steps, cached or not (a step is a transition
+# of the packer's dynamic program, about a microsecond).
+_LOOKUP = 4
+
+_Packed = tuple[NodePacking, list[int]]
+# members, packings, costs, where, satisfied per level: a search state to restore.
+_State = tuple[list[list[int]], list[NodePacking | None], list[int], dict[int, int], list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    """Every node's packing (None: untouched) and requests (in the packing's demand order),
+    and the key to compare solutions by: satisfied per priority (negated), then total cost."""
+
+    key: tuple[tuple[int, ...], int]
+    packings: tuple[NodePacking | None, ...]
+    members: tuple[tuple[int, ...], ...]
+
+
+class Packer:
+    """What every search over one problem shares: the nodes' GPUs, each request as each node
+    sees it, the cache of node packings and the allowance of packing steps left."""
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        requests: Sequence[Request],
+        policy: PolicyView,
+    ) -> None:
+        self.policy = policy
+        self.work = Work(0)
+        self.memo = Memo()
+        self.spaces: list[tuple[GpuSpace, ...]] = []
+        kinds: dict[tuple[GpuSpace, ...], int] = {}
+        self.kind: list[int] = []
+        offered: list[frozenset[str]] = []
+        for node in snapshot.nodes:
+            spaces = tuple(
+                GpuSpace(
+                    snapshot.table(gpu.model),
+                    frozenset(i.geometry for i in gpu.instances if i.used),
+                    frozenset(i.geometry for i in gpu.instances if not i.used),
+                )
+                for gpu in node.gpus
+            )
+            self.spaces.append(spaces)
+            self.kind.append(kinds.setdefault(spaces, len(kinds)))
+            offered.append(frozenset(p for s in spaces for p in s.table.profile_names))
+        levels = sorted({r.priority for r in requests}, reverse=True)
+        self.level = [levels.index(r.priority) for r in requests]
+        self.n_levels = len(levels)
+        # The request as each node sees it (only the profiles the node's models offer), for the
+        # nodes that could serve it at all.
+        self.demand: list[dict[int, Demand]] = []
+        for request in requests:
+            per_node: dict[int, Demand] = {}
+            if request.count > 0 and request.profiles:
+                profiles = tuple(dict.fromkeys(request.profiles))
+                same = request.same_gpu and request.count > 1
+                for n, node in enumerate(snapshot.nodes):
+                    if request.nodes is not None and node.name not in request.nodes:
+                        continue
+                    mine = tuple(p for p in profiles if p in offered[n])
+                    if mine:
+                        per_node[n] = Demand(mine, request.count, same)
+            self.demand.append(per_node)
+        # Equal demands share an id, ordered like the demands, so that a node's requests sort
+        # into a cache key quickly.
+        ids = {
+            d: k
+            for k, d in enumerate(
+                sorted({d for p in self.demand for d in p.values()}, key=_demand_key)
+            )
+        }
+        self.demands = sorted(ids, key=ids.__getitem__)
+        self.ids: list[dict[int, int]] = [
+            {node: ids[d] for node, d in per_node.items()} for per_node in self.demand
+        ]
+        # Packings by node kind and demand ids; (None, bound): none costs at most `bound`.
+        self.cache: dict[tuple[int, tuple[int, ...]], tuple[NodePacking | None, int | None]]
+        self.cache = {}
+        self.empty: list[int] = []
+        for spaces in self.spaces:
+            found = pack(spaces, (), policy, memo=self.memo)
+            assert found is not None
+            self.empty.append(found.cost)
+
+    def pack(self, node: int, members: Sequence[int], limit: int | None = None) -> _Packed | None:
+        """The exact packing of `members` on `node` and the members in the packing's order.
+
+        With a `limit`, None may also mean that every packing costs more than that.
+        """
+        self.work.spend(_LOOKUP)
+        ids = [(self.ids[i][node], i) for i in members]
+        ids.sort()
+        order = [i for _, i in ids]
+        key = (self.kind[node], tuple(d for d, _ in ids))
+        cached = self.cache.get(key)
+        if cached is not None:
+            found, bound = cached
+            if found is not None or bound is None or (limit is not None and limit <= bound):
+                return None if found is None else (found, order)
+        demands = [self.demands[d] for d in key[1]]
+        found = pack(self.spaces[node], demands, self.policy, limit, self.work, self.memo)
+        self.cache[key] = (found, limit if found is None else None)
+        return None if found is None else (found, order)
+
+
+class NodeSearch:
+    """One search: the current solution and the moves that improve it."""
+
+    def __init__(self, packer: Packer) -> None:
+        self.packer = packer
+        self.demand = packer.demand
+        self.level = packer.level
+        self.spaces = packer.spaces
+        self.members: list[list[int]] = [[] for _ in self.spaces]
+        self.packing: list[NodePacking | None] = [None] * len(self.spaces)
+        self.cost: list[int] = list(packer.empty)
+        self.where: dict[int, int] = {}
+        self.satisfied = [0] * packer.n_levels
+        self.position: dict[int, int] = {}
+
+    def _pack(self, node: int, members: Sequence[int], limit: int | None = None) -> _Packed | None:
+        return self.packer.pack(node, members, limit)
+
+    def _empty(self, node: int) -> int:
+        return self.packer.empty[node]
+
+    def _set(self, node: int, packed: _Packed | None) -> None:
+        if packed is None:
+            self.packing[node] = None
+            self.members[node] = []
+            self.cost[node] = self._empty(node)
+            return
+        packing, order = packed
+        self.packing[node] = packing
+        self.members[node] = order
+        self.cost[node] = packing.cost
+        for i in order:
+            self.where[i] = node
+
+    def _without(self, node: int, gone: int) -> _Packed | None:
+        """The node without request `gone` (None: nothing left on it)."""
+        rest = [m for m in self.members[node] if m != gone]
+        if not rest:
+            return None
+        found = self._pack(node, rest)
+        # The layouts that served every member still serve the others.
+        assert found is not None
+        return found
+
+    def _drop(self, i: int) -> None:
+        self.satisfied[self.level[i]] -= 1
+        del self.where[i]
+
+    def _add(self, i: int) -> None:
+        self.satisfied[self.level[i]] += 1
+
+    # --- the search -------------------------------------------------------------------------
+
+    def run(
+        self, order: Sequence[int], steps: int, seed: Mapping[int, int] | None = None
+    ) -> Solution:
+        """Search from `seed` (request -> node, e.g. a greedy plan's) or else from inserting
+        the requests in `order`, spending at most `steps` steps of node packing (cached
+        packings are free). Requests are tried in `order` throughout."""
+        self.packer.work = Work(steps)
+        self.position = {i: k for k, i in enumerate(order)}
+        try:
+            if seed:
+                self._seed(seed)
+            for i in order:
+                if i not in self.where and self.demand[i]:
+                    self._insert(i)
+            changed = True
+            while changed:
+                changed = False
+                for i in order:
+                    if i not in self.where and self.demand[i]:
+                        changed |= self._insert(i) or self._eject(i) or self._repack(i)
+                for i in order:
+                    if i not in self.where and self.demand[i]:
+                        changed |= self._replace(i)
+                changed |= self._relocate()
+                changed |= self._swap()
+                if not changed:
+                    changed = self._rebuild_pairs()
+                if not changed:
+                    changed = self._refill(order)
+        except OutOfWork:
+            pass
+        return self.solution()
+
+    def solution(self) -> Solution:
+        key = (tuple(-s for s in self.satisfied), sum(self.cost))
+        return Solution(
+            key,
+            tuple(self.packing),
+            tuple(tuple(m) for m in self.members),
+        )
+
+    def _seed(self, seed: Mapping[int, int]) -> None:
+        """Start from a known assignment; a node it overfills (cannot happen for a valid plan)
+        keeps what fits."""
+        on: dict[int, list[int]] = {}
+        for i in sorted(seed, key=lambda i: self.position.get(i, i)):
+            if seed[i] in self.demand[i]:
+                on.setdefault(seed[i], []).append(i)
+        for node, members in sorted(on.items()):
+            packed = self._pack(node, members)
+            if packed is None:
+                continue
+            self._set(node, packed)
+            for i in members:
+                self._add(i)
+
+    def _insert(self, i: int) -> bool:
+        best: tuple[int, int, _Packed] | None = None
+        for node in self.demand[i]:
+            limit = None if best is None else self.cost[node] + best[0]
+            packed = self._pack(node, [*self.members[node], i], limit)
+            if packed is None:
+                continue
+            delta = packed[0].cost - self.cost[node]
+            if best is None or (delta, node) < best[:2]:
+                best = (delta, node, packed)
+        if best is None:
+            return False
+        self._set(best[1], best[2])
+        self._add(i)
+        return True
+
+    def _eject(self, i: int) -> bool:
+        """Put request i in place of a request e of no higher priority on some node; e moves to
+        another node (directly, or displacing a third request f of no higher priority than i
+        that moves on or, being of lower priority than i, gives way), or gives way itself when
+        its priority is lower than i's. A move that drops nobody wins over one that drops a
+        request; then the cheapest wins."""
+        level = self.level[i]
+        best: tuple[tuple[int, int], list[tuple[int, _Packed]], list[int]]
+        best = ((0, 0), [], [])
+        found = False
+        for node in self.demand[i]:
+            for e in list(self.members[node]):
+                if self.level[e] < level:
+                    continue  # e has a higher priority
+                rest = [m for m in self.members[node] if m != e]
+                here = self._pack(node, [*rest, i])
+                if here is None:
+                    continue
+                delta = here[0].cost - self.cost[node]
+                # Lower-priority requests that are dropped count first (fewer is better).
+                if self.level[e] > level:
+                    cand = ((1, delta), [(node, here)], [e])
+                    if not found or cand[0] < best[0]:
+                        best, found = cand, True
+                for other in self.demand[e]:
+                    if other == node:
+                        continue
+                    moved = self._pack(other, [*self.members[other], e])
+                    if moved is not None:
+                        total = delta + moved[0].cost - self.cost[other]
+                        cand = ((0, total), [(node, here), (other, moved)], [])
+                        if not found or cand[0] < best[0]:
+                            best, found = cand, True
+                        continue
+                    for f in self.members[other]:
+                        if self.level[f] < level:
+                            continue
+                        rest_other = [m for m in self.members[other] if m != f]
+                        there = self._pack(other, [*rest_other, e])
+                        if there is None:
+                            continue
+                        total = delta + there[0].cost - self.cost[other]
+                        if self.level[f] > level:
+                            cand = ((1, total), [(node, here), (other, there)], [f])
+                            if not found or cand[0] < best[0]:
+                                best, found = cand, True
+                        for third in self.demand[f]:
+                            if third in (node, other):
+                                continue
+                            last = self._pack(third, [*self.members[third], f])
+                            if last is None:
+                                continue
+                            grand = total + last[0].cost - self.cost[third]
+                            cand = (
+                                (0, grand),
+                                [(node, here), (other, there), (third, last)],
+                                [],
+                            )
+                            if not found or cand[0] < best[0]:
+                                best, found = cand, True
+        if not found:
+            return False
+        _, sets, dropped = best
+        for e in dropped:
+            self._drop(e)
+        for node, packed in sets:
+            self._set(node, packed)
+        self._add(i)
+        return True
+
+    def _repack(self, i: int) -> bool:
+        """Rebuild one node around request i: i first, then the node's requests (higher
+        priority first, then in search order; or those that fewest other nodes could serve
+        first) while they still fit; those that do not are
+        inserted elsewhere or, having a lower priority than i, give way. Moves any number of
+        requests at once, which `_eject` cannot. The best node wins."""
+        level = self.level[i]
+        start = self._state()
+        best: tuple[tuple[tuple[int, ...], int], _State] | None = None
+        try:
+            for node in self.demand[i]:
+                for flexible_last in (False, True):
+                    if self._repack_on(i, node, level, flexible_last):
+                        found = self._state()
+                        key = (tuple(-n for n in self.satisfied), sum(self.cost))
+                        if best is None or key < best[0]:
+                            best = (key, found)
+                    self._load(start)
+        except OutOfWork:
+            self._load(start)
+            raise
+        if best is None:
+            return False
+        self._load(best[1])
+        return True
+
+    def _repack_on(self, i: int, node: int, level: int, flexible_last: bool) -> bool:
+        """One rebuild of `node` around i; with `flexible_last`, the requests that fewest other
+        nodes could serve are kept first."""
+
+        def keep_first(m: int) -> tuple[int, int, int]:
+            return (len(self.demand[m]) if flexible_last else 0, self.level[m], self.position[m])
+
+        order = sorted(self.members[node], key=keep_first)
+        kept = self._pack(node, [i])
+        if kept is None:
+            return False
+        displaced: list[int] = []
+        for m in order:
+            more = self._pack(node, [*kept[1], m])
+            if more is None:
+                displaced.append(m)
+            else:
+                kept = more
+        if not displaced:
+            return False  # then _insert would have placed i here
+        for m in displaced:
+            del self.where[m]
+        self._set(node, kept)
+        self._add(i)
+        for m in displaced:
+            best: tuple[int, int, _Packed] | None = None
+            for other in self.demand[m]:
+                if other == node:
+                    continue
+                limit = None if best is None else self.cost[other] + best[0]
+                packed = self._pack(other, [*self.members[other], m], limit)
+                if packed is None:
+                    continue
+                delta = packed[0].cost - self.cost[other]
+                if best is None or (delta, other) < best[:2]:
+                    best = (delta, other, packed)
+            if best is not None:
+                self._set(best[1], best[2])
+            elif self.level[m] > level:
+                self.satisfied[self.level[m]] -= 1
+            else:
+                return False
+        return True
+
+    def _refill(self, order: Sequence[int]) -> bool:
+        """Give up one satisfied request e, fill the room with unsatisfied ones (and e again,
+        last) by insertions and ejections; kept when more requests are satisfied (per priority)
+        than before. Finds the trades of one request for two that single moves cannot."""
+        start = self._state()
+        before = tuple(-n for n in self.satisfied)
+        try:
+            for e in reversed(order):
+                if e not in self.where:
+                    continue
+                node = self.where[e]
+                left = self._without(node, e)
+                self._drop(e)
+                self._set(node, left)
+                for i in [*(i for i in order if i not in self.where and i != e), e]:
+                    if i not in self.where and self.demand[i]:
+                        _ = self._insert(i) or self._eject(i)
+                if tuple(-n for n in self.satisfied) < before:
+                    return True
+                self._load(start)
+        except OutOfWork:
+            self._load(start)
+            raise
+        return False
+
+    def _rebuild_pairs(self) -> bool:
+        """Empty two nodes and insert their requests again, each where it costs less, in search
+        order and then most devices first; kept when the two cost less than before. Finds the
+        exchanges of several requests between two nodes that single moves cannot."""
+        improved = False
+        nodes = range(len(self.spaces))
+        for a in nodes:
+            for b in nodes:
+                if b <= a or not (self.members[a] or self.members[b]):
+                    continue
+                if self._rebuild(a, b):
+                    improved = True
+        return improved
+
+    def _rebuild(self, a: int, b: int) -> bool:
+        both = [*self.members[a], *self.members[b]]
+        if any(a not in self.demand[i] or b not in self.demand[i] for i in both):
+            return False  # a request that only one of them can serve stays where it is
+        before = self.cost[a] + self.cost[b]
+        start = self._state()
+        orders = [
+            sorted(both, key=lambda i: self.position[i]),
+            sorted(both, key=lambda i: (-self.demand[i][a].count, self.position[i])),
+        ]
+        best: tuple[int, _State] | None = None
+        try:
+            for order in orders:
+                self._set(a, None)
+                self._set(b, None)
+                placed = True
+                for i in order:
+                    options = []
+                    for node in (a, b):
+                        packed = self._pack(node, [*self.members[node], i])
+                        if packed is not None:
+                            options.append((packed[0].cost - self.cost[node], node, packed))
+                    if not options:
+                        placed = False
+                        break
+                    _, node, packed = min(options, key=lambda o: o[:2])
+                    self._set(node, packed)
+                after = self.cost[a] + self.cost[b]
+                if placed and after <= before - _STEP and (best is None or after < best[0]):
+                    best = (after, self._state())
+                self._load(start)
+        except OutOfWork:
+            self._load(start)
+            raise
+        if best is None:
+            return False
+        self._load(best[1])
+        return True
+
+    def _state(self) -> _State:
+        return (
+            [list(m) for m in self.members],
+            list(self.packing),
+            list(self.cost),
+            dict(self.where),
+            list(self.satisfied),
+        )
+
+    def _load(self, state: _State) -> None:
+        members, packing, cost, where, satisfied = state
+        self.members = [list(m) for m in members]
+        self.packing = list(packing)
+        self.cost = list(cost)
+        self.where = dict(where)
+        self.satisfied = list(satisfied)
+
+    def _replace(self, i: int) -> bool:
+        """Serve unsatisfied i instead of satisfied e of the same priority when it costs less."""
+        level = self.level[i]
+        best: tuple[int, int, int, _Packed] | None = None
+        for node in self.demand[i]:
+            for e in self.members[node]:
+                if self.level[e] != level:
+                    continue
+                rest = [m for m in self.members[node] if m != e]
+                packed = self._pack(node, [*rest, i], self.cost[node] - _STEP)
+                if packed is None:
+                    continue
+                delta = packed[0].cost - self.cost[node]
+                if delta <= -_STEP and (best is None or (delta, node, e) < best[:3]):
+                    best = (delta, node, e, packed)
+        if best is None:
+            return False
+        _, node, e, packed = best
+        self._drop(e)
+        self._set(node, packed)
+        self._add(i)
+        return True
+
+    def _relocate(self) -> bool:
+        """Move single requests to another node whenever that lowers the total cost."""
+        improved = False
+        for node in range(len(self.spaces)):
+            for i in list(self.members[node]):
+                if self.where.get(i) != node:
+                    continue
+                left = self._without(node, i)
+                base = (left[0].cost if left else self._empty(node)) - self.cost[node]
+                if base > -_STEP:
+                    continue  # adding i elsewhere never costs less than nothing
+                best: tuple[int, int, _Packed] | None = None
+                for other in self.demand[i]:
+                    if other == node:
+                        continue
+                    limit = self.cost[other] - base - _STEP
+                    if best is not None:
+                        limit = min(limit, self.cost[other] - base + best[0])
+                    moved = self._pack(other, [*self.members[other], i], limit)
+                    if moved is None:
+                        continue
+                    total = base + moved[0].cost - self.cost[other]
+                    if total <= -_STEP and (best is None or (total, other) < best[:2]):
+                        best = (total, other, moved)
+                if best is None:
+                    continue
+                self._set(node, left)
+                self._set(best[1], best[2])
+                improved = True
+        return improved
+
+    def _swap(self) -> bool:
+        """Swap two requests on different nodes whenever that lowers the total cost."""
+        improved = False
+        for node in range(len(self.spaces)):
+            for i in list(self.members[node]):
+                if self.where.get(i) != node:
+                    continue
+                rest_i = self._without(node, i)
+                cost_i = rest_i[0].cost if rest_i else self._empty(node)
+                for other in self.demand[i]:
+                    if other <= node or self.where.get(i) != node:
+                        continue
+                    for j in list(self.members[other]):
+                        if (
+                            node not in self.demand[j]
+                            or self.demand[j][node] == self.demand[i][node]
+                        ):
+                            continue
+                        rest_j = self._without(other, j)
+                        cost_j = rest_j[0].cost if rest_j else self._empty(other)
+                        both = self.cost[node] + self.cost[other]
+                        # Adding never costs less than nothing: only a gain here can pay.
+                        if cost_i + cost_j > both - _STEP:
+                            continue
+                        here_members = [m for m in self.members[node] if m != i] + [j]
+                        here = self._pack(node, here_members, both - cost_j - _STEP)
+                        if here is None:
+                            continue
+                        there_members = [m for m in self.members[other] if m != j] + [i]
+                        there = self._pack(other, there_members, both - here[0].cost - _STEP)
+                        if there is None:
+                            continue
+                        if here[0].cost + there[0].cost <= both - _STEP:
+                            self._set(node, here)
+                            self._set(other, there)
+                            improved = True
+                            break
+        return improved
+
+
+def _demand_key(demand: Demand) -> tuple[tuple[str, ...], int, bool]:
+    return (demand.profiles, demand.count, demand.same_gpu)
