@@ -1,7 +1,8 @@
 """`migpart operator`: run the operator (kopf) with metrics and health endpoints.
 
-One active operator at a time: peering is off by default (`--standalone`); pass `--peering`
-to let several replicas coordinate through kopf's cluster-scoped peering object.
+Run exactly one operator: kopf runs without peering unless `--peering` is given. Peering
+needs kopf's cluster-wide peering CRD and RBAC for it, which the manifests do not install; it
+pauses a replica that sees another one, it is not leader election (see docs/operations.md).
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--peering",
         action="store_true",
-        help="coordinate with other replicas through kopf peering "
-        "(default: standalone, one active operator)",
+        help="use kopf peering (needs kopf's peering CRD and RBAC; default: off, run one replica)",
     )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
