@@ -1,0 +1,526 @@
+"""The deployment manifests, the Dockerfile and the operations docs agree with the code.
+
+What a cluster runs is only as right as these files: a flag the parser rejects crash-loops the
+pod, a verb missing from RBAC fails at the first API call, a verb too many is a privilege nobody
+needs. So the containers' arguments go through the real argparse parsers, and each
+ServiceAccount's permissions must equal a table of the API calls the code makes (read from
+migpart.controller, migpart.kube and migpart.agent; keep the tables in step with them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from migpart.agent.metrics import AgentMetrics
+from migpart.commands import agent as agent_command
+from migpart.commands import operator as operator_command
+from migpart.controller.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+DOCS = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md"])
+NAMESPACE = "migpart-system"
+OPERATOR_SA = "migpart-operator"
+AGENT_SA = "migpart-agent"
+
+Doc = dict[str, Any]
+
+KNOWN_KINDS = {
+    ("v1", "Namespace"),
+    ("v1", "ServiceAccount"),
+    ("v1", "Service"),
+    ("v1", "Pod"),
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "DaemonSet"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+    ("resource.k8s.io/v1", "DeviceClass"),
+    ("resource.k8s.io/v1", "ResourceClaim"),
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"),
+    ("migpart.io/v1alpha1", "GpuPartitionPolicy"),
+    ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+}
+
+# What `kubectl apply -k manifests` must create (samples are applied on purpose, never by it).
+INSTALLED_KINDS = {
+    "Namespace": 1,
+    "CustomResourceDefinition": 2,
+    "DeviceClass": 1,
+    "ServiceAccount": 2,
+    "ClusterRole": 2,
+    "ClusterRoleBinding": 2,
+    "Deployment": 1,
+    "DaemonSet": 1,
+    "Service": 1,
+}
+
+# (apiGroup, resource, verb) for every API call of the operator, with where it comes from.
+OPERATOR_NEEDS = {
+    # kopf index claims_index; list_claims_quorum (destroy protocol)
+    ("resource.k8s.io", "resourceclaims", "list"),
+    ("resource.k8s.io", "resourceclaims", "watch"),
+    # kopf indexes waiting_index, nodes_index, classes_index
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("resource.k8s.io", "deviceclasses", "list"),
+    ("resource.k8s.io", "deviceclasses", "watch"),
+    # SlicePublisher._get / create / replace
+    ("resource.k8s.io", "resourceslices", "get"),
+    ("resource.k8s.io", "resourceslices", "create"),
+    ("resource.k8s.io", "resourceslices", "update"),
+    # kopf watch, daemon finalizer; patch_policy_status
+    ("migpart.io", "gpupartitionpolicies", "list"),
+    ("migpart.io", "gpupartitionpolicies", "watch"),
+    ("migpart.io", "gpupartitionpolicies", "patch"),
+    ("migpart.io", "gpupartitionpolicies/status", "patch"),
+    # kopf index, event handler, timer finalizer; patch_mignode_spec
+    ("migpart.io", "mignodes", "list"),
+    ("migpart.io", "mignodes", "watch"),
+    ("migpart.io", "mignodes", "patch"),
+    # kopf.event (Repartitioning, DryRunPlan, DestroyAborted, Unsatisfiable)
+    ("", "events", "create"),
+    # kopf's resource observer
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+
+AGENT_NEEDS = {
+    ("", "nodes", "get"),  # KubeMigNodes._owner
+    ("migpart.io", "mignodes", "get"),  # KubeMigNodes.ensure
+    ("migpart.io", "mignodes", "create"),
+    ("migpart.io", "mignodes", "list"),  # KubeMigNodes.specs (watch by field selector)
+    ("migpart.io", "mignodes", "watch"),
+    ("migpart.io", "mignodes/status", "patch"),  # KubeMigNodes.write_status
+    ("resource.k8s.io", "resourceclaims", "get"),  # KubeClaims.allocation
+}
+
+
+def yaml_files() -> list[Path]:
+    return sorted(MANIFESTS.rglob("*.yaml"))
+
+
+def load(path: Path) -> list[Doc]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def installed_files() -> list[Path]:
+    """The files `kubectl apply -k manifests` reads, following nested kustomizations."""
+
+    def walk(directory: Path) -> Iterator[Path]:
+        kustomization = load(directory / "kustomization.yaml")[0]
+        for entry in kustomization.get("resources", []):
+            target = directory / entry
+            if target.is_dir():
+                yield from walk(target)
+            else:
+                yield target
+
+    return sorted(walk(MANIFESTS))
+
+
+def installed() -> list[Doc]:
+    return [doc for path in installed_files() for doc in load(path)]
+
+
+def of_kind(kind: str, docs: list[Doc] | None = None) -> list[Doc]:
+    return [d for d in (installed() if docs is None else docs) if d["kind"] == kind]
+
+
+def workload(kind: str) -> Doc:
+    (found,) = of_kind(kind)
+    return found
+
+
+def pod_spec(obj: Doc) -> Doc:
+    spec: Doc = obj["spec"]["template"]["spec"]
+    return spec
+
+
+def containers(obj: Doc) -> list[Doc]:
+    spec = pod_spec(obj)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def operator_args(argv: list[str]) -> Any:
+    return operator_command.parse_args(argv)
+
+
+def agent_args(argv: list[str]) -> Any:
+    return agent_command.parser().parse_args(argv)
+
+
+PARSERS: dict[str, Callable[[list[str]], Any]] = {"operator": operator_args, "agent": agent_args}
+
+
+def parse(command: str, argv: list[str]) -> Any:
+    """The parsed arguments, or a test failure with argparse's message (not a SystemExit)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return PARSERS[command](argv)
+    except SystemExit:
+        pytest.fail(f"migpart {command} rejects {argv}: {err.getvalue().strip()}")
+
+
+def known_flags(command: str) -> set[str]:
+    """Every option string the command's parser accepts, read from its --help text."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        PARSERS[command](["--help"])
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", out.getvalue()))
+
+
+def migpart_command(container: Doc) -> tuple[str, list[str]]:
+    argv = [*container.get("command", []), *container.get("args", [])]
+    assert argv[:1] == ["migpart"], f"container {container['name']} runs {argv}"
+    assert len(argv) > 1, f"container {container['name']} runs {argv}"
+    assert argv[1] in PARSERS, f"container {container['name']} runs {argv}"
+    return argv[1], argv[2:]
+
+
+def granted(account: str) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) the ServiceAccount gets through every binding."""
+    docs = installed()
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"].endswith("Role")}
+    out: set[tuple[str, str, str]] = set()
+    for binding in docs:
+        if not binding["kind"].endswith("RoleBinding"):
+            continue
+        subjects = binding.get("subjects", [])
+        if not any(
+            s["kind"] == "ServiceAccount" and s["name"] == account and s["namespace"] == NAMESPACE
+            for s in subjects
+        ):
+            continue
+        ref = binding["roleRef"]
+        role = roles[(ref["kind"], ref["name"])]
+        for rule in role.get("rules", []):
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    for verb in rule.get("verbs", []):
+                        out.add((group, resource, verb))
+    return out
+
+
+# ------------------------------------------------------------------ files and kinds
+
+
+@pytest.mark.parametrize("path", yaml_files(), ids=lambda p: str(p.relative_to(MANIFESTS)))
+def test_every_document_has_a_known_kind(path: Path) -> None:
+    docs = load(path)
+    assert docs, f"{path} is empty"
+    for doc in docs:
+        assert (doc.get("apiVersion"), doc.get("kind")) in KNOWN_KINDS, (path, doc.get("kind"))
+        if doc["kind"] != "Kustomization":
+            assert doc["metadata"]["name"], path
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(MANIFESTS.rglob("kustomization.yaml")),
+    ids=lambda p: str(p.relative_to(MANIFESTS)),
+)
+def test_kustomization_lists_files_that_exist(path: Path) -> None:
+    for entry in load(path)[0]["resources"]:
+        target = path.parent / entry
+        assert target.is_file() or (target / "kustomization.yaml").is_file(), (path, entry)
+
+
+def test_kustomization_installs_everything_but_samples() -> None:
+    files = set(installed_files())
+    left_out = {
+        p
+        for p in yaml_files()
+        if p not in files and p.name != "kustomization.yaml" and "samples" not in p.parts
+    }
+    assert not left_out, f"manifests not in any kustomization: {sorted(map(str, left_out))}"
+    assert not [p for p in files if "samples" in p.parts]
+    counts: dict[str, int] = {}
+    for doc in installed():
+        counts[doc["kind"]] = counts.get(doc["kind"], 0) + 1
+    assert counts == INSTALLED_KINDS
+
+
+def test_namespaced_objects_live_in_migpart_system() -> None:
+    cluster_scoped = {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "DeviceClass",
+    }
+    for doc in installed():
+        if doc["kind"] not in cluster_scoped:
+            assert doc["metadata"].get("namespace") == NAMESPACE, doc["metadata"]["name"]
+    (namespace,) = of_kind("Namespace")
+    assert namespace["metadata"]["name"] == NAMESPACE
+    # the agent is privileged: Pod Security Admission must admit it
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+# ------------------------------------------------------------------ containers
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "DaemonSet"])
+def test_containers_run_migpart_with_flags_the_parser_accepts(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-from-downward-api")
+    for container in containers(workload(kind)):
+        command, argv = migpart_command(container)
+        args = parse(command, argv)
+        if command == "agent":
+            agent_command.config_from(args)  # raises when the node name is missing
+
+
+def test_images_are_the_kustomization_image() -> None:
+    (kustomization,) = load(MANIFESTS / "kustomization.yaml")
+    names = {image["name"] for image in kustomization["images"]}
+    for kind in ("Deployment", "DaemonSet"):
+        for container in containers(workload(kind)):
+            name, _, tag = container["image"].partition(":")
+            assert name in names, container["image"]
+            assert tag, container["image"]
+            assert tag != "latest", container["image"]
+
+
+@pytest.mark.parametrize(("kind", "command"), [("Deployment", "operator"), ("DaemonSet", "agent")])
+def test_probes_use_the_health_server(kind: str, command: str) -> None:
+    (container,) = workload(kind)["spec"]["template"]["spec"]["containers"]
+    _, argv = migpart_command(container)
+    port = parse(command, argv).metrics_port
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        http = container[probe]["httpGet"]
+        assert http["path"] == path
+        assert ports.get(http["port"], http["port"]) == port
+
+
+def test_operator_runs_alone_as_non_root() -> None:
+    deployment = workload("Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    # standalone kopf: never two operators at once, not even during a rollout
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    spec = pod_spec(deployment)
+    assert spec["serviceAccountName"] == OPERATOR_SA
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    (container,) = spec["containers"]
+    _, argv = migpart_command(container)
+    assert parse("operator", argv).peering is False
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert not security.get("privileged", False)
+    assert "add" not in security["capabilities"]
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]
+
+
+def test_agent_runs_on_gpu_nodes_with_its_node_name() -> None:
+    daemonset = workload("DaemonSet")
+    spec = pod_spec(daemonset)
+    assert spec["serviceAccountName"] == AGENT_SA
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    (container,) = spec["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert container["securityContext"]["privileged"] is True  # NVML creates MIG instances
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]
+
+
+@pytest.mark.parametrize(
+    ("dest", "host_path"),
+    [
+        ("state_dir", "/var/lib/migpart"),
+        ("cdi_dir", "/var/run/cdi"),
+        ("plugin_dir", "/var/lib/kubelet/plugins/mig.migpart.io"),
+        ("registration_dir", "/var/lib/kubelet/plugins_registry"),
+    ],
+)
+def test_agent_directories_are_the_hosts(dest: str, host_path: str) -> None:
+    """kubelet and the container runtime look for the sockets and CDI files on the host: each
+    directory flag must name a hostPath mounted at the same path."""
+    spec = pod_spec(workload("DaemonSet"))
+    (container,) = spec["containers"]
+    _, argv = migpart_command(container)
+    assert str(getattr(parse("agent", argv), dest)) == host_path
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = [m for m in container["volumeMounts"] if m["mountPath"] == host_path]
+    assert len(mounts) == 1, f"{host_path} is not mounted"
+    assert volumes[mounts[0]["name"]]["hostPath"]["path"] == host_path
+
+
+def test_only_the_agent_is_privileged() -> None:
+    for doc in installed():
+        if doc["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for container in containers(doc):
+            privileged = container.get("securityContext", {}).get("privileged", False)
+            assert privileged == (doc["kind"] == "DaemonSet"), container["name"]
+
+
+# ------------------------------------------------------------------ RBAC
+
+
+@pytest.mark.parametrize(
+    ("account", "needs"), [(OPERATOR_SA, OPERATOR_NEEDS), (AGENT_SA, AGENT_NEEDS)]
+)
+def test_rbac_grants_exactly_what_the_code_calls(
+    account: str, needs: set[tuple[str, str, str]]
+) -> None:
+    have = granted(account)
+    assert sorted(needs - have) == [], "missing"
+    assert sorted(have - needs) == [], "granted but never used"
+
+
+def test_rbac_has_no_wildcards_and_no_secrets() -> None:
+    for role in of_kind("ClusterRole") + of_kind("Role", installed()):
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []), (role["metadata"]["name"], rule)
+            assert "secrets" not in rule.get("resources", [])
+
+
+def test_service_accounts_are_separate() -> None:
+    names = {sa["metadata"]["name"] for sa in of_kind("ServiceAccount")}
+    assert names == {OPERATOR_SA, AGENT_SA}
+
+
+# ------------------------------------------------------------------ Dockerfile
+
+
+def dockerfile() -> str:
+    return (ROOT / "Dockerfile").read_text()
+
+
+def base_images(text: str) -> list[str]:
+    """FROM images with ARG defaults substituted; stage names are not images."""
+    args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, re.M))
+    stages: set[str] = set()
+    images: list[str] = []
+    for image, stage in re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M | re.I):
+        resolved = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), image)
+        if resolved not in stages:
+            images.append(resolved)
+        if stage:
+            stages.add(stage)
+    return images
+
+
+def test_dockerfile_base_images_are_pinned() -> None:
+    images = base_images(dockerfile())
+    assert images
+    for image in images:
+        _name, _, tag = image.partition(":")
+        assert "$" not in image, image
+        assert tag, image
+        assert tag != "latest", image
+        # an exact release (major.minor.patch), not a moving tag like 3.11-slim
+        assert re.match(r"\d+\.\d+\.\d+", tag) or "@sha256:" in image, image
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"python -m migpart\.agent\.proto\.build",  # the gRPC code is generated, not committed
+        r"pip wheel",
+        r'^ENTRYPOINT \["migpart"\]$',
+    ],
+)
+def test_dockerfile_builds_and_runs_migpart(pattern: str) -> None:
+    assert re.search(pattern, dockerfile(), re.M), pattern
+
+
+def test_dockerfile_runs_as_non_root() -> None:
+    users = re.findall(r"^USER\s+(\S+)", dockerfile(), re.M)
+    assert users, "no USER: the image would run as root"
+    assert users[-1].split(":")[0] not in ("0", "root")
+
+
+def test_dockerignore_keeps_the_build_context_small() -> None:
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert "*" in ignore
+    assert {"!pyproject.toml", "!README.md", "!operator/"} <= set(ignore)
+
+
+# ------------------------------------------------------------------ docs
+
+
+def mentioned_flags(path: Path) -> Iterator[tuple[str, str]]:
+    """(command, flag) for flags written after `migpart operator` / `migpart agent` on a line,
+    up to the end of its code span."""
+    for line in path.read_text().splitlines():
+        for match in re.finditer(r"migpart (operator|agent)\b([^`]*)", line):
+            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", match.group(2)):
+                yield match.group(1), flag
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_docs_mention_only_flags_the_parsers_know(path: Path) -> None:
+    known = {command: known_flags(command) for command in PARSERS}
+    unknown = {(c, f) for c, f in mentioned_flags(path) if f not in known[c]}
+    assert not unknown, f"{path.name} mentions flags the parsers do not know: {sorted(unknown)}"
+
+
+def exposed_metrics() -> set[str]:
+    """Every metric name the operator and the agent expose, as Prometheus scrapes them."""
+    suffixes = {
+        "counter": ("_total",),
+        "histogram": ("_bucket", "_sum", "_count", ""),
+        "gauge": ("",),
+    }
+    names: set[str] = set()
+    for registry in (Metrics().registry, AgentMetrics("node").registry):
+        for family in registry.collect():
+            names.update(family.name + s for s in suffixes[family.type])
+    return names
+
+
+def test_operations_doc_lists_every_metric() -> None:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    documented = set(re.findall(r"\bmigpart_[a-z_]+[a-z]", text))
+    counters = {n for n in exposed_metrics() if n.endswith("_total")}
+    histograms = {n.removesuffix("_count") for n in exposed_metrics() if n.endswith("_count")}
+    gauges = exposed_metrics() - {
+        n for n in exposed_metrics() if re.search(r"_(total|bucket|sum|count)$", n)
+    }
+    gauges -= histograms
+    missing = (counters | histograms | gauges) - documented
+    assert not missing, f"docs/operations.md does not describe {sorted(missing)}"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_docs_name_only_real_metrics(path: Path) -> None:
+    documented = set(re.findall(r"\bmigpart_[a-z_]+[a-z]", path.read_text()))
+    assert documented <= exposed_metrics(), sorted(documented - exposed_metrics())
+
+
+def emitted_event_reasons() -> set[str]:
+    """Event reasons the operator posts (kopf.event(..., reason="...") in migpart.controller)."""
+    source = "".join(p.read_text() for p in (ROOT / "operator/migpart/controller").glob("*.py"))
+    calls = re.split(r"\bkopf\.event\(", source)[1:]
+    found = (re.match(r"[^;]*?\breason=\"(\w+)\"", call, re.S) for call in calls)
+    return {m.group(1) for m in found if m}
+
+
+@pytest.mark.parametrize("doc", ["kubectl.md", "troubleshooting.md"])
+def test_docs_explain_every_event_reason(doc: str) -> None:
+    reasons = emitted_event_reasons()
+    assert reasons >= {"Repartitioning", "DryRunPlan", "DestroyAborted", "Unsatisfiable"}
+    text = (ROOT / "docs" / doc).read_text()
+    assert not {r for r in reasons if r not in text}, doc
