@@ -118,10 +118,7 @@ async def one_pod(
                 await kubelet.start_pod(body)
                 await kubelet.finish_pod(NAMESPACE, name, node)
         await asyncio.sleep(0.05)
-    policy = await custom.get_cluster_custom_object(
-        "migpart.io", "v1alpha1", "gpupartitionpolicies", pool
-    )
-    planning = policy["status"]["lastPlan"]["durationMillis"] / 1000
+    planning = await plan_seconds(custom, pool, new_plan) if new_plan else 0.0
     t_plan = t_plan or t_bound
     t_agent = t_agent or t_plan
     t_slice = t_slice or t_agent
@@ -133,6 +130,22 @@ async def one_pod(
         t_slice - t_agent,
         t_bound - t_slice,
     )
+
+
+async def plan_seconds(custom: client.CustomObjectsApi, pool: str, plan_id: str) -> float:
+    """How long the planner took for `plan_id`, from the policy's status.lastPlan.
+
+    The status is written after the spec, so it can lag the pod being bound by a moment.
+    """
+    for _ in range(200):
+        policy = await custom.get_cluster_custom_object(
+            "migpart.io", "v1alpha1", "gpupartitionpolicies", pool
+        )
+        last = (policy.get("status") or {}).get("lastPlan") or {}
+        if last.get("planId") == plan_id:
+            return float(last["durationMillis"]) / 1000
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"policy {pool} never reported plan {plan_id} in status.lastPlan")
 
 
 async def series(cluster: LocalCluster, node: str, pool: str, pods: int) -> list[Sample]:

@@ -88,7 +88,7 @@ OPERATOR_NEEDS = {
     ("migpart.io", "mignodes", "list"),
     ("migpart.io", "mignodes", "watch"),
     ("migpart.io", "mignodes", "patch"),
-    # kopf.event (Repartitioning, DryRunPlan, DestroyAborted, Unsatisfiable)
+    # kopf.event (Repartitioning, DryRunPlan, DestroyAborted, RoundFailed, Unsatisfiable)
     ("", "events", "create"),
     # kopf's resource observer
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
@@ -521,6 +521,12 @@ def emitted_event_reasons() -> set[str]:
 @pytest.mark.parametrize("doc", ["kubectl.md", "troubleshooting.md"])
 def test_docs_explain_every_event_reason(doc: str) -> None:
     reasons = emitted_event_reasons()
-    assert reasons >= {"Repartitioning", "DryRunPlan", "DestroyAborted", "Unsatisfiable"}
+    assert reasons >= {
+        "Repartitioning",
+        "DryRunPlan",
+        "DestroyAborted",
+        "RoundFailed",
+        "Unsatisfiable",
+    }
     text = (ROOT / "docs" / doc).read_text()
     assert not {r for r in reasons if r not in text}, doc

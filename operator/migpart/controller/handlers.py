@@ -19,7 +19,7 @@ import structlog
 from pydantic import ValidationError
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, MigNode
-from migpart.controller.errors import kopf_errors
+from migpart.controller.errors import kopf_errors, survive
 from migpart.controller.metrics import Metrics
 from migpart.controller.reconcile import Cluster, PolicyRound, parse_policy, report_invalid, strip
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
@@ -217,18 +217,39 @@ def build_registry(
         is when batch windows end); every round recomputes from the indexes."""
         state = _state(memo)
         wake = state.wakeup(name)
+        reported: str | None = None  # the failure last told in an Event, while it lasts
         try:
             while not stopped:
                 wake.clear()
+                wait = state.tick_s
                 try:
                     parse_policy(body)
                 except ValidationError:
                     pass  # reported by policy_changed; wait for the next change
                 else:
-                    with kopf_errors():
-                        await PolicyRound(state, name, body, cluster_from(kwargs)).run()
+                    round_ = PolicyRound(state, name, body, cluster_from(kwargs))
+                    outcome = await survive(round_.run, state.tick_s)
+                    wait = outcome.wait
+                    if outcome.failure is not None:
+                        kind = "permanent" if outcome.permanent else "temporary"
+                        state.metrics.round_failures.labels(name, kind).inc()
+                        log.warning(
+                            "policy_round_failed",
+                            policy=name,
+                            kind=kind,
+                            error=outcome.failure,
+                            retry_in_s=wait,
+                        )
+                        if outcome.failure != reported:  # one Event per failure, not per retry
+                            kopf.event(
+                                body,
+                                type="Warning",
+                                reason="RoundFailed",
+                                message=outcome.failure[:1000],
+                            )
+                    reported = outcome.failure
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout=state.tick_s)
+                    await asyncio.wait_for(wake.wait(), timeout=wait)
         finally:
             state.wakeups.pop(name, None)
 

@@ -37,6 +37,12 @@ class Metrics:
             "ResourceSlice writes (each one bumps the pool generation)",
             registry=self.registry,
         )
+        self.round_failures = Counter(
+            "migpart_round_failures_total",
+            "Policy rounds that failed (kind: temporary or permanent); the next round retries",
+            ["policy", "kind"],
+            registry=self.registry,
+        )
         self.devices_kept = Counter(
             "migpart_destroy_aborted_total",
             "Devices the destroy protocol kept because a claim was allocated to them",
