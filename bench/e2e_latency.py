@@ -3,8 +3,12 @@
 For each pod, whose claim no current layout serves, it measures the time from the pod's
 creation to the pod bound with its claim allocated, split into where that time goes:
 
-- batching + planning: pod created -> the operator wrote a new MigNode.spec.planId
-  (of which planning itself is the policy's status.lastPlan.durationMillis),
+- unschedulable: pod created -> kube-scheduler marked it PodScheduled=False/Unschedulable
+  (the resourceclaim controller makes the claim from its template, the scheduler tries once);
+  before that the pod is not pending demand for anyone,
+- batching: marked Unschedulable -> the operator wrote a new MigNode.spec.planId, less the
+  planning time (the watch event, the batch window, the round's other work),
+- planning: the planner itself (the policy's status.lastPlan.durationMillis),
 - agent: planId written -> the agent reports it converged (status.observedPlanId),
 - publish: converged -> the new device is in the node's ResourceSlice,
 - scheduler: device published -> pod bound with its claim allocated (scheduler retry).
@@ -39,6 +43,7 @@ NAMESPACE = "bench"
 @dataclass
 class Sample:
     total: float
+    unschedulable: float
     batching: float
     planning: float
     agent: float
@@ -86,12 +91,13 @@ async def one_pod(
                 }
             ],
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+            "nodeSelector": {"migpart.io/pool": pool},
             "terminationGracePeriodSeconds": 0,
         },
     }
     t0 = time.monotonic()
     await core.create_namespaced_pod(NAMESPACE, pod)
-    t_plan = t_agent = t_slice = t_bound = 0.0
+    t_unschedulable = t_plan = t_agent = t_slice = t_bound = 0.0
     new_plan = None
     while not t_bound:
         now = time.monotonic()
@@ -109,6 +115,11 @@ async def one_pod(
             if any(n.split("-")[2] == profile.replace(".", "") for n in names):
                 t_slice = now
         body = await core.read_namespaced_pod(name, NAMESPACE)
+        if not t_unschedulable and any(
+            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+            for c in body.status.conditions or []
+        ):
+            t_unschedulable = now
         if body.spec.node_name and body.status.resource_claim_statuses:
             claim = await res.read_namespaced_resource_claim(
                 body.status.resource_claim_statuses[0].resource_claim_name, NAMESPACE
@@ -120,11 +131,14 @@ async def one_pod(
         await asyncio.sleep(0.05)
     planning = await plan_seconds(custom, pool, new_plan) if new_plan else 0.0
     t_plan = t_plan or t_bound
+    # polled every 50 ms: a pod marked and planned for between two polls counts as marked then
+    t_unschedulable = min(t_unschedulable or t_plan, t_plan)
     t_agent = t_agent or t_plan
     t_slice = t_slice or t_agent
     return Sample(
         t_bound - t0,
-        t_plan - t0 - planning,
+        t_unschedulable - t0,
+        max(0.0, t_plan - t_unschedulable - planning),
         planning,
         t_agent - t_plan,
         t_slice - t_agent,
@@ -168,10 +182,10 @@ def report(label: str, samples: list[Sample]) -> None:
         f"{label}: {len(samples)} pods  p50 {statistics.median(totals):.2f} s  "
         f"p95 {pct(totals, 0.95):.2f} s  max {max(totals):.2f} s"
     )
-    for part in ("batching", "planning", "agent", "publish", "scheduler"):
+    for part in ("unschedulable", "batching", "planning", "agent", "publish", "scheduler"):
         values = [getattr(s, part) for s in samples]
         print(
-            f"    {part:<10} median {statistics.median(values):6.3f} s   "
+            f"    {part:<13} median {statistics.median(values):6.3f} s   "
             f"p95 {pct(values, 0.95):6.3f} s"
         )
 

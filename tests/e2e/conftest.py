@@ -127,6 +127,11 @@ class Scenario:
     def mignode(self, node: str) -> Any:
         return self.get("mignode", node)
 
+    def mignodes(self, nodes: list[str]) -> dict[str, Any]:
+        """These MigNodes from one LIST: one consistent moment, unlike a GET per node."""
+        items = json.loads(self.tb.kubectl("get", "mignodes", "-o", "json"))["items"]
+        return {b["metadata"]["name"]: b for b in items if b["metadata"]["name"] in nodes}
+
     def gpus(self, node: str) -> list[Any]:
         out = self.tb.kubectl("get", "mignode", node, "-o", "json", check=False)
         return list((json.loads(out).get("status") or {}).get("gpus", [])) if out else []

@@ -93,8 +93,9 @@ def test_max_concurrent_nodes_is_respected(scenario: Scenario) -> None:
     def watch() -> None:
         while not done.wait(0.1):
             busy = 0
-            for node in nodes:
-                body = scenario.mignode(node)
+            # one LIST, so that nodes are compared at one moment: a GET per node could see one
+            # node before it converged and the next after its plan was written
+            for body in scenario.mignodes(nodes).values():
                 plan = (body.get("spec") or {}).get("planId")
                 if plan and plan != (body.get("status") or {}).get("observedPlanId"):
                     busy += 1

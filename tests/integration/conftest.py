@@ -141,7 +141,13 @@ def claim_body(name: str, namespace: str, expression: str) -> dict[str, Any]:
     }
 
 
-def pending_pod(bed: Testbed, name: str, namespace: str, claim: str) -> None:
+def pending_pod(
+    bed: Testbed,
+    name: str,
+    namespace: str,
+    claim: str,
+    node_selector: dict[str, str] | None = None,
+) -> None:
     """A pod using `claim`, left to a scheduler that does not exist, then marked
     Unschedulable the way kube-scheduler marks it."""
     apply(
@@ -151,6 +157,7 @@ def pending_pod(bed: Testbed, name: str, namespace: str, claim: str) -> None:
             "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {
+                "nodeSelector": node_selector or {},
                 "schedulerName": "migpart-test-no-scheduler",
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
                 "containers": [

@@ -158,3 +158,31 @@ def test_dry_run_reports_and_changes_nothing(cluster: Testbed, operator: Running
     )
     assert not (get(cluster, "mignode", node).get("spec") or {}).get("planId")
     assert not [e for e in operator.steps(node) if e.step == "spec_written"]
+
+
+def test_claim_is_planned_only_where_its_pod_may_run(
+    cluster: Testbed, operator: RunningOperator
+) -> None:
+    """Policy place-a comes first in line, but the pod selects place-b's node: a device made
+    on place-a's node would serve nobody and, being free, would stop any further planning."""
+    for policy, node in (("place-a", "place-a1"), ("place-b", "place-b1")):
+        cluster.add_node(node, {"migpart-test": policy})
+        put_mignode(cluster, node, [gpu_status(0, [])])
+        apply(
+            cluster,
+            policy_body(
+                policy, {"migpart-test": policy}, reconfiguration={"batchWindowSeconds": 0}
+            ),
+        )
+    apply(cluster, claim_body("claim-place", "default", PROFILE_IS.format("2g.20gb")))
+    pending_pod(cluster, "pod-place", "default", "claim-place", {"migpart-test": "place-b"})
+
+    def planned() -> dict[str, Any]:
+        spec = get(cluster, "mignode", "place-b1").get("spec") or {}
+        assert spec.get("planId")
+        return spec
+
+    spec = eventually(planned)
+    assert [i["profile"] for i in spec["gpus"][0]["instances"]] == ["2g.20gb"]
+    assert not (get(cluster, "mignode", "place-a1").get("spec") or {}).get("planId")
+    assert not [e for e in operator.steps("place-a1") if e.step == "spec_written"]

@@ -25,6 +25,7 @@ from migpart.controller.reconcile import Cluster, PolicyRound, parse_policy, rep
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.kube.claims import claim_key, pod_claim_keys, pod_unschedulable
 from migpart.kube.client import open_client
+from migpart.kube.placement import NodeFacts, node_facts, pod_placement
 from migpart.kube.slices import Published, SlicePublisher
 
 log = structlog.get_logger(__name__)
@@ -56,13 +57,18 @@ def _flatten(index: Mapping[Any, Any]) -> dict[str, Any]:
 
 def cluster_from(indexes: Mapping[str, Any]) -> Cluster:
     """The round's view of the cluster, read from the live indexes."""
+    nodes = {
+        name: NodeFacts(facts["labels"], tuple(facts["taints"]))
+        for name, facts in _flatten(indexes["nodes_index"]).items()
+    }
     return Cluster(
         mignodes=_flatten(indexes["mignodes_index"]),
-        node_labels=_flatten(indexes["nodes_index"]),
+        node_labels={name: facts.labels for name, facts in nodes.items()},
         policies=_flatten(indexes["policies_index"]),
         claims=_flatten(indexes["claims_index"]),
-        waiting=frozenset(str(k) for k in indexes["waiting_index"]),
+        waiting={str(k): tuple(store) for k, store in indexes["waiting_index"].items()},
         device_classes=_flatten(indexes["classes_index"]),
+        node_facts=nodes,
     )
 
 
@@ -140,8 +146,8 @@ def build_registry(
         if not pod_unschedulable(body):
             return None
         _state(memo).wake_all()
-        pod = claim_key(body.metadata.namespace or "", body.metadata.name or "")
-        return {key: pod for key in pod_claim_keys(body)}
+        placement = pod_placement(body)
+        return {key: placement for key in pod_claim_keys(body)}
 
     @kopf.index(GROUP, VERSION, MIGNODE_PLURAL, registry=registry, id="mignodes_index")
     def mignodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
@@ -149,9 +155,9 @@ def build_registry(
         return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
 
     @kopf.index("v1", "nodes", registry=registry, id="nodes_index")
-    def nodes_index(name: str, labels: Mapping[str, str], memo: Any, **_: Any) -> Any:
+    def nodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
         _state(memo).wake_all()
-        return {name: dict(labels)}
+        return {name: node_facts(body)}
 
     @kopf.index(GROUP, VERSION, POLICY_PLURAL, registry=registry, id="policies_index")
     def policies_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
@@ -252,5 +258,6 @@ def build_registry(
                     await asyncio.wait_for(wake.wait(), timeout=wait)
         finally:
             state.wakeups.pop(name, None)
+            state.metrics.forget_policy(name)
 
     return registry

@@ -3,6 +3,7 @@ one test process without clashing in the global registry)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -48,3 +49,11 @@ class Metrics:
             "Devices the destroy protocol kept because a claim was allocated to them",
             registry=self.registry,
         )
+
+    def forget_policy(self, policy: str) -> None:
+        """Drop a policy's gauge and histogram series when its daemon ends (policy deleted, or
+        the operator stopping), so a deleted policy does not report pending requests forever.
+        Counters stay: they only ever count what happened."""
+        for metric in (self.pending_requests, self.plan_duration):
+            with contextlib.suppress(KeyError):
+                metric.remove(policy)

@@ -46,6 +46,7 @@ from migpart.kube.claims import (
     pending_claims,
 )
 from migpart.kube.objects import patch_mignode_spec, patch_policy_status
+from migpart.kube.placement import NodeFacts, NodeFilter, Placement
 from migpart.kube.snapshot import build_snapshot, node_name, reconfiguring
 from migpart.mig import Instance, ModelTable, device_name
 from migpart.planning.model import GpuPlan, Plan, Request, Snapshot
@@ -65,8 +66,11 @@ class Cluster:
     node_labels: Mapping[str, Mapping[str, str]]
     policies: Mapping[str, Body]
     claims: Mapping[str, Body]
-    waiting: frozenset[str]
+    # claim key -> the placements (kube.placement) of the unschedulable pods that use it
+    waiting: Mapping[str, tuple[Placement, ...]]
     device_classes: Mapping[str, Body]
+    # Node name -> labels and taints
+    node_facts: Mapping[str, NodeFacts] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -125,9 +129,25 @@ def parse_policy(body: Body) -> GpuPartitionPolicy:
     )
 
 
-def previous_status(body: Body) -> GpuPartitionPolicyStatus:
+def policy_uid(body: Body) -> str:
+    return str((body.get("metadata") or {}).get("uid") or "")
+
+
+def previous_status(
+    body: Body, written: tuple[str, dict[str, Any]] | None = None
+) -> GpuPartitionPolicyStatus:
+    """The status the next write builds on: what this operator last wrote for this very object
+    (`written`, as (uid, status)), else the body's own (after a restart).
+
+    The body can lag our last write; building on it would take `lastPlan` and the conditions'
+    transition times back to an older round.
+    """
+    if written is not None and written[0] == policy_uid(body):
+        source: Any = written[1]
+    else:
+        source = body.get("status") or {}
     try:
-        return GpuPartitionPolicyStatus.model_validate(body.get("status") or {})
+        return GpuPartitionPolicyStatus.model_validate(source)
     except ValidationError:
         return GpuPartitionPolicyStatus()
 
@@ -198,11 +218,18 @@ def scope_of(policy_name: str, cluster: Cluster) -> Scope | None:
     requests: list[Request] = []
     unsatisfiable: list[tuple[Body, str]] = []
     pending = 0
-    for claim in pending_claims(cluster.claims.values(), cluster.waiting):
+    placement = NodeFilter(cluster.node_facts)
+    for claim in pending_claims(cluster.claims.values(), frozenset(cluster.waiting)):
         owner: str | None = None
         reason: str | None = None
+        # where the claim's pods may run: a policy with none of those nodes cannot serve it
+        allowed = placement.allowed(cluster.waiting.get(body_key(claim), ()))
         for candidate in order:
             nodes = by_policy[candidate]
+            if allowed is not None:
+                nodes = [n for n in nodes if node_name(n) in allowed]
+                if not nodes:
+                    continue
             got = demand.claim_demand(
                 claim,
                 cluster.device_classes,
@@ -341,6 +368,7 @@ def with_own_writes(cluster: Cluster, written: dict[str, dict[str, Any]]) -> Clu
         claims=cluster.claims,
         waiting=cluster.waiting,
         device_classes=cluster.device_classes,
+        node_facts=cluster.node_facts,
     )
 
 
@@ -524,7 +552,7 @@ class PolicyRound:
     async def write_status(
         self, policy: GpuPartitionPolicy, scope: Scope, last_plan: LastPlan | None
     ) -> None:
-        previous = previous_status(self.body)
+        previous = previous_status(self.body, self.state.statuses.get(self.name))
         gpus = sum(
             1 for n in scope.nodes for g in (n.status.gpus if n.status else []) if g.mig_enabled
         )
@@ -551,10 +579,11 @@ class PolicyRound:
             conditions=[ready, *(c for c in previous.conditions if c.type != "Ready")],
         )
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        if self.state.statuses.get(self.name) == dumped:
+        written = (policy_uid(self.body), dumped)
+        if self.state.statuses.get(self.name) == written:
             return
         await patch_policy_status(self.state.api, self.name, status)
-        self.state.statuses[self.name] = dumped
+        self.state.statuses[self.name] = written
 
 
 async def report_invalid(
@@ -564,12 +593,12 @@ async def report_invalid(
     first = error.errors()[0]
     where = ".".join(str(p) for p in first["loc"])
     message = f"spec invalid at {where}: {first['msg']}"
-    previous = (body.get("status") or {}).get("conditions") or []
-    conditions = [Condition.model_validate(c) for c in previous if c.get("type") == "Ready"]
+    previous = previous_status(body, state.statuses.get(name))
     status = GpuPartitionPolicyStatus(
         observed_generation=int((body.get("metadata") or {}).get("generation") or 0),
-        conditions=[ready_condition("False", "InvalidSpec", message, conditions)],
+        conditions=[ready_condition("False", "InvalidSpec", message, previous.conditions)],
     )
     await patch_policy_status(state.api, name, status)
-    state.statuses.pop(name, None)
+    dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    state.statuses[name] = (policy_uid(body), dumped)
     return message

@@ -58,8 +58,9 @@ class OperatorState:
     fresh_allocations: set[AllocatedDevice] = field(default_factory=set)
     # policy name -> what the last DryRun report said (to report each decision once)
     dry_reports: dict[str, str] = field(default_factory=dict)
-    # policy name -> the status last written (to write only changes)
-    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # policy name -> (uid, the status last written): to write only changes, and to build the
+    # next status from, since the watch may not have shown the last write yet
+    statuses: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     # MigNode name -> the body our last spec patch returned, until the watch shows it
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
     wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
