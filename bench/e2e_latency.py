@@ -38,6 +38,7 @@ from migpart.testbed import Testbed
 
 PROFILES = ["3g.40gb", "1g.10gb", "2g.20gb", "1g.20gb", "4g.40gb", "7g.80gb"]
 NAMESPACE = "bench"
+TARGET_P50_S = 3.0
 
 
 @dataclass
@@ -235,10 +236,17 @@ def main() -> int:
             f"e2e latency, batch window {args.batch_window} s, one H100 per node, "
             f"logs in {work / 'logs'}"
         )
+        p50: dict[str, float] = {}
         for pool, latency in (("fast", 0.0), ("slow", args.latency_ms)):
             samples = asyncio.run(series(cluster, f"{pool}-node", pool, args.pods))
             report(f"NVML latency {latency:.0f} ms", samples)
+            p50[pool] = statistics.median(s.total for s in samples)
         cluster.check_alive()
+        met = "met" if p50["fast"] < TARGET_P50_S else "NOT met"
+        print(
+            f"target p50 < {TARGET_P50_S:.0f} s at zero NVML latency: {p50['fast']:.2f} s, {met}; "
+            f"p50 at {args.latency_ms:.0f} ms / at zero: {p50['slow'] / p50['fast']:.1f}x"
+        )
     finally:
         cluster.stop()
         testbed.stop()

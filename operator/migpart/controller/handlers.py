@@ -34,6 +34,8 @@ RESOURCE = ("resource.k8s.io", "v1")
 # A MigNode's slice is written on every MigNode event; this resync repairs a write that
 # failed (event handlers are not retried) and costs one GET per node per period.
 SLICE_RESYNC_S = 30.0
+# How long a woken policy daemon waits before its round (see policy_daemon).
+SETTLE_S = 0.02
 
 
 def _state(memo: Any) -> OperatorState:
@@ -134,7 +136,9 @@ def build_registry(
     # ------------------------------------------------------------------ indexes
 
     @kopf.index(*RESOURCE, "resourceclaims", registry=registry, id="claims_index")
-    def claims_index(namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
+    async def claims_index(
+        namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
+    ) -> Any:
         _state(memo).wake_all()
         value = _plain(body, ("metadata", "spec", "status"))
         value["apiVersion"] = "resource.k8s.io/v1"
@@ -142,7 +146,7 @@ def build_registry(
         return {claim_key(namespace or "", name): value}
 
     @kopf.index("v1", "pods", registry=registry, id="waiting_index")
-    def waiting_index(body: kopf.Body, memo: Any, **_: Any) -> Any:
+    async def waiting_index(body: kopf.Body, memo: Any, **_: Any) -> Any:
         if not pod_unschedulable(body):
             return None
         _state(memo).wake_all()
@@ -150,22 +154,22 @@ def build_registry(
         return {key: placement for key in pod_claim_keys(body)}
 
     @kopf.index(GROUP, VERSION, MIGNODE_PLURAL, registry=registry, id="mignodes_index")
-    def mignodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
+    async def mignodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
         _state(memo).wake_all()
         return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
 
     @kopf.index("v1", "nodes", registry=registry, id="nodes_index")
-    def nodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
+    async def nodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
         _state(memo).wake_all()
         return {name: node_facts(body)}
 
     @kopf.index(GROUP, VERSION, POLICY_PLURAL, registry=registry, id="policies_index")
-    def policies_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
+    async def policies_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
         _state(memo).wake_all()
         return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec"))}
 
     @kopf.index(*RESOURCE, "deviceclasses", registry=registry, id="classes_index")
-    def classes_index(name: str, body: kopf.Body, **_: Any) -> Any:
+    async def classes_index(name: str, body: kopf.Body, **_: Any) -> Any:
         return {name: _plain(body, ("metadata", "spec"))}
 
     # ------------------------------------------------------------------ slices
@@ -256,6 +260,9 @@ def build_registry(
                     reported = outcome.failure
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=wait)
+                    # Woken by an index handler, which runs before kopf stores its result:
+                    # let the index settle (and a burst of events coalesce) first.
+                    await asyncio.sleep(SETTLE_S)
         finally:
             state.wakeups.pop(name, None)
             state.metrics.forget_policy(name)

@@ -475,6 +475,19 @@ class PolicyRound:
         if not chosen:
             return result, None
         kopf.event(as_body(self.body), type="Normal", reason="Repartitioning", message=message)
+        self.log.info(
+            "plan_decided",
+            plan_id=plan_id,
+            nodes=chosen,
+            created=created,
+            destroyed=destroyed,
+            satisfied=sorted({a.request for a in plan.assignments}),
+            unsatisfied=sorted(plan.unsatisfied),
+            targets={
+                f"{g.node}/{g.index}": sorted(f"{i.profile}@{i.start}" for i in g.instances)
+                for g in targets
+            },
+        )
         by_name = {node_name(n): n for n in scope.nodes}
         for name in chosen:
             node_targets = [g for g in targets if g.node == name]
