@@ -272,7 +272,9 @@ def operator(cluster: Testbed) -> Iterator[RunningOperator]:
         try:
             loop.run_until_complete(
                 kopf.operator(
-                    registry=build_registry(cluster.kubeconfig, hooks=running.hooks, tick_s=0.2),
+                    registry=build_registry(
+                        cluster.kubeconfig, hooks=running.hooks, tick_s=0.2, slice_resync_s=1.0
+                    ),
                     clusterwide=True,
                     standalone=True,
                     ready_flag=running.ready,

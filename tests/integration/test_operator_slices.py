@@ -92,3 +92,26 @@ def test_unchanged_device_set_keeps_generation(cluster: Testbed, operator: Runni
 
     second = eventually(updated)
     assert second["spec"]["pool"]["generation"] == generation + 1
+
+
+def test_a_lost_slice_is_published_again_and_mignodes_carry_no_finalizer(
+    cluster: Testbed, operator: RunningOperator
+) -> None:
+    node = "slices-r"
+    cluster.add_node(node, {"migpart-test": "r"})
+    put_mignode(cluster, node, [gpu_status(0, [("3g.40gb", 0)])])
+    eventually(lambda: _slice(cluster, node))
+    # Someone deletes it (or a write failed): the periodic resync writes it again, unasked.
+    cluster.kubectl("delete", "resourceslice", f"{node}-mig.migpart.io")
+
+    def back() -> dict:
+        got = _slice(cluster, node)
+        assert got is not None
+        return got
+
+    again = eventually(back)
+    assert [d["name"] for d in again["spec"]["devices"]] == ["gpu-0-3g40gb-0"]
+    # Nothing of the operator's holds a MigNode back from deletion while it is down.
+    mignode = get_or_none(cluster, "mignode", node)
+    assert mignode is not None
+    assert not mignode["metadata"].get("finalizers")

@@ -84,7 +84,7 @@ OPERATOR_NEEDS = {
     ("migpart.io", "gpupartitionpolicies", "watch"),
     ("migpart.io", "gpupartitionpolicies", "patch"),
     ("migpart.io", "gpupartitionpolicies/status", "patch"),
-    # kopf index, event handler, timer finalizer; patch_mignode_spec
+    # kopf index, event handler; patch_mignode_spec
     ("migpart.io", "mignodes", "list"),
     ("migpart.io", "mignodes", "watch"),
     ("migpart.io", "mignodes", "patch"),

@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 import structlog
+from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, MigNode
@@ -23,6 +24,7 @@ from migpart.controller.errors import kopf_errors, survive
 from migpart.controller.metrics import Metrics
 from migpart.controller.reconcile import Cluster, PolicyRound, parse_policy, report_invalid, strip
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
+from migpart.errors import MigpartError
 from migpart.kube.claims import claim_key, pod_claim_keys, pod_unschedulable
 from migpart.kube.client import open_client
 from migpart.kube.placement import NodeFacts, node_facts, pod_placement
@@ -31,8 +33,7 @@ from migpart.kube.slices import Published, SlicePublisher
 log = structlog.get_logger(__name__)
 
 RESOURCE = ("resource.k8s.io", "v1")
-# A MigNode's slice is written on every MigNode event; this resync repairs a write that
-# failed (event handlers are not retried) and costs one GET per node per period.
+# A MigNode's slice is written on every MigNode event, and again every period (resync_slices).
 SLICE_RESYNC_S = 30.0
 # How long a woken policy daemon waits before its round (see policy_daemon).
 SETTLE_S = 0.02
@@ -74,8 +75,27 @@ def cluster_from(indexes: Mapping[str, Any]) -> Cluster:
     )
 
 
+async def resync_slices(publisher: SlicePublisher, period_s: float = SLICE_RESYNC_S) -> None:
+    """Publish every known node's slice again each period: repairs a write that failed (event
+    handlers are not retried) and costs one GET per node (a write only if something changed).
+
+    One loop for all nodes instead of a kopf timer per MigNode: a timer makes kopf put its
+    finalizer on every MigNode, which then cannot be deleted while the operator is down.
+    """
+    while True:
+        await asyncio.sleep(period_s)
+        for name in publisher.nodes():
+            try:
+                await publisher.publish(name)
+            except (MigpartError, ApiException) as error:
+                log.warning("slice_resync_failed", node=name, error=str(error))
+
+
 def build_registry(
-    kubeconfig: Path | None, hooks: Hooks | None = None, tick_s: float = 1.0
+    kubeconfig: Path | None,
+    hooks: Hooks | None = None,
+    tick_s: float = 1.0,
+    slice_resync_s: float = SLICE_RESYNC_S,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -112,6 +132,9 @@ def build_registry(
             )
 
         publisher.on_publish.append(published)
+        memo.state.resync = asyncio.create_task(
+            resync_slices(publisher, slice_resync_s), name="slice-resync"
+        )
         log.info("operator_started", server=credentials.server)
 
     @kopf.on.login(registry=registry)
@@ -130,6 +153,10 @@ def build_registry(
     async def cleanup(memo: Any, **_: Any) -> None:
         state = getattr(memo, "state", None)
         if state is not None:
+            if state.resync is not None:
+                state.resync.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await state.resync
             await state.api.close()
         log.info("operator_stopped")
 
@@ -192,10 +219,6 @@ def build_registry(
         if type == "DELETED":
             _state(memo).publisher.forget(name)
             return
-        await publish(name, body, memo)
-
-    @kopf.timer(GROUP, VERSION, MIGNODE_PLURAL, interval=SLICE_RESYNC_S, registry=registry)
-    async def mignode_resync(name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
         await publish(name, body, memo)
 
     # ------------------------------------------------------------------ policies

@@ -64,6 +64,8 @@ class OperatorState:
     # MigNode name -> the body our last spec patch returned, until the watch shows it
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
     wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
+    # the task that republishes every slice periodically (handlers.resync_slices)
+    resync: asyncio.Task[None] | None = None
 
     def wake_all(self) -> None:
         for event in self.wakeups.values():

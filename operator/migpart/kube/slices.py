@@ -215,6 +215,10 @@ class SlicePublisher:
         self._nodes[name] = node
         self.settle(node)
 
+    def nodes(self) -> list[str]:
+        """The nodes whose MigNode has been seen (and not deleted since)."""
+        return sorted(self._nodes)
+
     def forget(self, name: str) -> None:
         self._nodes.pop(name, None)
         self._withdrawn.pop(name, None)
