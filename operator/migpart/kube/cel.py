@@ -553,8 +553,9 @@ def slice_device(
 ) -> dict[str, Any]:
     """The resource.k8s.io/v1 ResourceSlice device entry of one MIG instance.
 
-    The one definition of what a migpart device publishes; `virtual_device` evaluates
-    selectors against exactly this, so the slice publisher should build its devices here too.
+    The one definition of what a migpart device publishes: the slice publisher
+    (`migpart.kube.slices.instance_device`) builds its devices here, and `virtual_device`
+    evaluates selectors against exactly this.
     """
     engines = {
         "copyEngines": profile.copy_engines,
@@ -563,8 +564,8 @@ def slice_device(
         "jpegs": profile.jpegs,
         "ofas": profile.ofas,
     }
-    # Engines are published only where the profile has some, like the slice publisher does
-    # (`migpart.kube.slices.instance_device`); a selector on a missing one errors in both.
+    # Engines are published only where the profile has some; a selector on a missing one
+    # errors, in the planner as in the scheduler.
     capacity = {
         "memory": {"value": str(profile.memory_mib * 1024 * 1024)},
         "multiprocessors": {"value": str(profile.multiprocessors)},

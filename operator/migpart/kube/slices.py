@@ -28,7 +28,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import DRIVER, GpuStatus, MigInstanceStatus, MigNode, MigNodeSpec
 from migpart.errors import StaleSnapshot
-from migpart.mig import device_name
+from migpart.kube.cel import slice_device
+from migpart.mig import Profile, device_name
 
 log = structlog.get_logger(__name__)
 
@@ -36,7 +37,6 @@ RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 SLICE_PLURAL = "resourceslices"
 DIGEST_ANNOTATION = "migpart.io/devices-digest"
-MIB = 1024 * 1024
 
 Device = dict[str, Any]
 
@@ -54,37 +54,19 @@ def _wanted(spec: MigNodeSpec | None) -> dict[int, set[tuple[str, int]]]:
 
 
 def instance_device(gpu: GpuStatus, inst: MigInstanceStatus) -> Device:
-    """The slice device of one created instance (attributes and capacity per the contract)."""
-    attributes: dict[str, dict[str, Any]] = {
-        "profile": {"string": inst.profile},
-        "productName": {"string": gpu.model},
-        "parentUUID": {"string": gpu.uuid},
-        "uuid": {"string": inst.uuid},
-        "gpuIndex": {"int": gpu.index},
-        "placementStart": {"int": inst.start},
-    }
-    capacity: dict[str, dict[str, str]] = {}
+    """The slice device of one created instance: `cel.slice_device`, the one definition that
+    claim selectors are also evaluated against (`cel.virtual_device`), so that what the
+    planner expects to match is what the scheduler sees."""
     info = next((p for p in gpu.profiles if p.name == inst.profile), None)
-    if info is not None:
-        capacity = {
-            "memory": {"value": str(info.memory_mib * MIB)},
-            "multiprocessors": {"value": str(info.multiprocessors)},
-            "computeSlices": {"value": str(info.compute_slices)},
-            "memorySlices": {"value": str(info.memory_slices)},
+    if info is None:
+        # The agent reported an instance of a profile its table lacks: publish the attributes
+        # (the scheduler can still match on the profile name), no capacity.
+        unknown = Profile(inst.profile, 0, 0, (), 0, 0, 0)
+        return {
+            **slice_device(gpu.index, unknown, inst.start, gpu.model, gpu.uuid, inst.uuid),
+            "capacity": {},
         }
-        engines = {
-            "copyEngines": info.copy_engines,
-            "decoders": info.decoders,
-            "encoders": info.encoders,
-            "jpegs": info.jpegs,
-            "ofas": info.ofas,
-        }
-        capacity.update({k: {"value": str(v)} for k, v in engines.items() if v > 0})
-    return {
-        "name": device_name(gpu.index, inst.profile, inst.start),
-        "attributes": attributes,
-        "capacity": capacity,
-    }
+    return slice_device(gpu.index, info.to_profile(), inst.start, gpu.model, gpu.uuid, inst.uuid)
 
 
 def slice_devices(node: MigNode, withdrawn: Iterable[str] = ()) -> list[Device]:

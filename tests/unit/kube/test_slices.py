@@ -1,0 +1,122 @@
+"""What a node's ResourceSlice lists, and that each device is exactly what selectors are judged
+against (the planner's virtual device), for every profile of the real H100 and H200 tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from migpart.api.models import (
+    DRIVER,
+    GpuSpec,
+    GpuStatus,
+    MigInstanceSpec,
+    MigInstanceStatus,
+    MigNode,
+    MigNodeSpec,
+    MigNodeStatus,
+    ProfileInfo,
+)
+from migpart.kube.cel import device_from_slice, virtual_device
+from migpart.kube.slices import devices_digest, instance_device, slice_devices
+from migpart.mig import builtin_table
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def gpu(
+    index: int, *instances: tuple[str, int, str], model: str = H100, mig: bool = True
+) -> GpuStatus:
+    table = builtin_table(model)
+    return GpuStatus(
+        index=index,
+        uuid=f"GPU-{index}",
+        model=model,
+        mig_enabled=mig,
+        compute_slices=table.compute_slices,
+        memory_slices=table.memory_slices,
+        profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
+        instances=[
+            MigInstanceStatus(profile=p, start=s, uuid=f"MIG-{index}-{p}-{s}", state=state)
+            for p, s, state in instances
+        ],
+    )
+
+
+def node(gpus: list[GpuStatus], spec: dict[int, list[tuple[str, int]]] | None = None) -> MigNode:
+    return MigNode(
+        metadata={"name": "n"},
+        spec=None
+        if spec is None
+        else MigNodeSpec(
+            plan_id="p",
+            gpus=[
+                GpuSpec(index=i, instances=[MigInstanceSpec(profile=p, start=s) for p, s in insts])
+                for i, insts in spec.items()
+            ],
+        ),
+        status=MigNodeStatus(gpus=gpus),
+    )
+
+
+def names(n: MigNode, withdrawn: tuple[str, ...] = ()) -> list[str]:
+    return [str(d["name"]) for d in slice_devices(n, withdrawn)]
+
+
+def test_created_instances_are_published_sorted_without_a_spec() -> None:
+    n = node(
+        [gpu(1, ("7g.80gb", 0, "Free")), gpu(0, ("3g.40gb", 4, "Free"), ("1g.10gb", 0, "Free"))]
+    )
+    assert names(n) == ["gpu-0-1g10gb-0", "gpu-0-3g40gb-4", "gpu-1-7g80gb-0"]
+
+
+def test_a_free_instance_the_spec_drops_is_not_published_a_used_one_is() -> None:
+    gpus = [gpu(0, ("3g.40gb", 0, "Free"), ("3g.40gb", 4, "Prepared"), ("1g.10gb", 6, "Busy"))]
+    # the plan keeps nothing on GPU 0: the free instance leaves, the used ones stay
+    assert names(node(gpus, {0: []})) == ["gpu-0-1g10gb-6", "gpu-0-3g40gb-4"]
+
+
+def test_a_gpu_the_spec_does_not_mention_is_published_as_is() -> None:
+    n = node([gpu(0, ("7g.80gb", 0, "Free")), gpu(1, ("7g.80gb", 0, "Free"))], {0: []})
+    assert names(n) == ["gpu-1-7g80gb-0"]
+
+
+def test_withdrawn_devices_are_left_out_even_when_in_use() -> None:
+    n = node([gpu(0, ("3g.40gb", 0, "Free"), ("3g.40gb", 4, "Prepared"))])
+    assert names(n, ("gpu-0-3g40gb-0",)) == ["gpu-0-3g40gb-4"]
+
+
+def test_gpus_without_mig_publish_nothing() -> None:
+    assert names(node([gpu(0, ("7g.80gb", 0, "Free"), mig=False)])) == []
+
+
+def test_digest_changes_exactly_when_the_content_does() -> None:
+    a = slice_devices(node([gpu(0, ("1g.10gb", 0, "Free"))]))
+    b = slice_devices(node([gpu(0, ("1g.10gb", 0, "Busy"))]))  # state is not published
+    c = slice_devices(node([gpu(0, ("1g.10gb", 1, "Free"))]))
+    assert devices_digest(a) == devices_digest(b) != devices_digest(c)
+
+
+@pytest.mark.parametrize("model", [H100, "NVIDIA H200"])
+def test_published_devices_are_what_selectors_are_judged_against(model: str) -> None:
+    table = builtin_table(model)
+    for profile in table.profiles:
+        start = profile.placements[-1]
+        status = gpu(3, (profile.name, start, "Free"), model=model)
+        published = instance_device(status, status.instances[0])
+        expected = virtual_device(
+            table,
+            profile.name,
+            gpu_index=3,
+            start=start,
+            parent_uuid="GPU-3",
+            uuid=f"MIG-3-{profile.name}-{start}",
+        )
+        assert device_from_slice(DRIVER, published) == expected, profile.name
+
+
+def test_an_instance_of_a_profile_the_table_lacks_is_published_without_capacity() -> None:
+    full = gpu(0, ("1g.10gb", 0, "Free"))
+    status = full.model_copy(update={"profiles": [p for p in full.profiles if p.name != "1g.10gb"]})
+    device = instance_device(status, status.instances[0])
+    assert device["attributes"]["profile"] == {"string": "1g.10gb"}
+    assert device["capacity"] == {}
