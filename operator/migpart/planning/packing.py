@@ -111,7 +111,7 @@ class _Target:
 
 
 @lru_cache(maxsize=8192)
-def _capacity(table: ModelTable, taken: frozenset[Instance]) -> int:
+def free_capacity(table: ModelTable, taken: frozenset[Instance]) -> int:
     """How much the space beside `taken` can still host, weighted by compute slices.
 
     For every profile (media-extension variants aside) the most instances that fit, ignoring the
@@ -154,7 +154,7 @@ def _targets(
     used = space.used
     free = space.free
     original = used | free
-    base = _capacity(table, used)
+    base = free_capacity(table, used)
     names = table.profile_names
     best: dict[tuple[int, ...], tuple[int, frozenset[Instance]]] = {}
     for layout in _around(table, used):
@@ -174,7 +174,8 @@ def _targets(
             continue
         kept = len(layout) - len(used) - created
         destroyed = len(free) - kept
-        cost = pack_cost(destroyed, layout != original, created, 0, base - _capacity(table, layout))
+        lost = base - free_capacity(table, layout)
+        cost = pack_cost(destroyed, layout != original, created, 0, lost)
         key = tuple(counts)
         old = best.get(key)
         if old is None or (cost, sorted(layout)) < (old[0], sorted(old[1])):
@@ -760,7 +761,7 @@ def _realise(
         destroyed += len(space.free - layout)
         created += len(layout - original)
         changed += layout != original
-        lost += _capacity(space.table, space.used) - _capacity(space.table, layout)
+        lost += free_capacity(space.table, space.used) - free_capacity(space.table, layout)
         final.append(layout)
     for k, got in enumerate(devices):
         rank += sum(demands[k].profiles.index(inst.profile) for _, inst in got)

@@ -67,6 +67,7 @@ from migpart.planning.model import (
     Request,
     Snapshot,
 )
+from migpart.planning.packing import free_capacity
 from migpart.planning.search import NodeSearch, Packer, Solution
 
 # A cost is one int holding five unsigned fields of 24 bits each, so that costs add and
@@ -151,34 +152,9 @@ class _Classes:
         """
         key = (table, pinned)
         cached = self._capacity.get(key)
-        if cached is not None:
-            return cached
-        mask = 0
-        compute = 0
-        counts: dict[str, int] = {}
-        for inst in pinned:
-            prof = table.profile(inst.profile)
-            mask |= prof.mask(inst.start)
-            compute += prof.compute_slices
-            counts[inst.profile] = counts.get(inst.profile, 0) + 1
-        total = 0
-        room = table.compute_slices - compute
-        for prof in table.profiles:
-            if "+" in prof.name:
-                continue
-            limit = min(prof.max_instances - counts.get(prof.name, 0), room // prof.compute_slices)
-            fit = 0
-            taken = mask
-            for start in prof.placements:
-                if fit >= limit:
-                    break
-                m = prof.mask(start)
-                if not taken & m:
-                    taken |= m
-                    fit += 1
-            total += fit * prof.compute_slices
-        self._capacity[key] = total
-        return total
+        if cached is None:
+            cached = self._capacity[key] = free_capacity(table, pinned)
+        return cached
 
     def room(self, cid: int, profile: str) -> int:
         """An upper bound of the devices of `profile` this class can still provide."""
