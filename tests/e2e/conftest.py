@@ -99,9 +99,12 @@ class Scenario:
     def tb(self) -> Testbed:
         return self.cluster.testbed
 
-    def add_node(self, gpus: str, sim_latency_ms: float = 0.0) -> str:
+    def add_node(
+        self, gpus: str, sim_latency_ms: float = 0.0, labels: dict[str, str] | None = None
+    ) -> str:
         name = f"{self.pool}-n{len(self.nodes) + 1}"
-        self.cluster.add_gpu_node(name, gpus, {"migpart.io/pool": self.pool}, sim_latency_ms)
+        labels = {"migpart.io/pool": self.pool, **(labels or {})}
+        self.cluster.add_gpu_node(name, gpus, labels, sim_latency_ms)
         self.nodes.append(name)
         self.cluster.wait_for(f"MigNode {name} inventory", lambda: bool(self.gpus(name)))
         return name

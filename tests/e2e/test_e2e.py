@@ -3,13 +3,17 @@ kube-scheduler after migpart repartitions, with real agents on simulated NVML.""
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.conftest import H100, H200, Scenario, wait_s
 
 pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def by_profile(profile: str) -> str:
@@ -165,3 +169,29 @@ def test_allocation_racing_a_withdrawal_never_loses_a_device(scenario: Scenario)
         assert instances(scenario, node) == [(0, "7g.80gb", "Free")] or instances(
             scenario, node
         ) == [(0, "7g.80gb", "Prepared")]
+
+
+def test_the_sample_manifests_work_as_shipped(scenario: Scenario) -> None:
+    """manifests/samples as a user applies them: the inference policy (pool=inference, small
+    and medium profiles, two 1g.10gb spares) and the 20Gi claim template with its pod."""
+    node = scenario.add_node(f"{H100}:1", labels={"pool": "inference"})
+    scenario.tb.kubectl("apply", "-f", str(ROOT / "manifests/samples/policy-inference.yaml"))
+    try:
+        docs = list(
+            yaml.safe_load_all((ROOT / "manifests/samples/claim-template.yaml").read_text())
+        )
+        for doc in docs:
+            doc["metadata"]["namespace"] = scenario.namespace  # the sample says default
+        items = {"apiVersion": "v1", "kind": "List", "items": docs}
+        scenario.tb.kubectl("apply", "-f", "-", input=json.dumps(items))
+        devices = scenario.wait_served("mig-inference")
+        # at least 20Gi among the allowed 1g.10gb, 2g.20gb, 3g.40gb: only 3g.40gb has it
+        assert [(d["pool"], d["device"].rsplit("-", 1)[0]) for d in devices] == [
+            (node, "gpu-0-3g40gb")
+        ]
+        scenario.eventually(
+            "the policy's two 1g.10gb spares kept free",
+            lambda: instances(scenario, node, "Free").count((0, "1g.10gb", "Free")) >= 2,
+        )
+    finally:
+        scenario.tb.kubectl("delete", "gpupartitionpolicy", "inference-pool", "--wait=false")
