@@ -89,6 +89,8 @@ async def resync_slices(publisher: SlicePublisher, period_s: float = SLICE_RESYN
                 await publisher.publish(name)
             except (MigpartError, ApiException) as error:
                 log.warning("slice_resync_failed", node=name, error=str(error))
+            except Exception:  # a bug must not end the loop for every node
+                log.exception("slice_resync_crashed", node=name)
 
 
 def build_registry(
