@@ -20,6 +20,19 @@ def _slice(bed: Testbed, node: str) -> dict | None:
     return get_or_none(bed, "resourceslice", f"{node}-mig.migpart.io")
 
 
+def _published(bed: Testbed, node: str, devices: int) -> dict:
+    """Wait for the node's slice to list `devices` devices. put_mignode creates the MigNode and
+    then writes its status, so the slice can exist, empty, for a moment before that."""
+
+    def listed() -> dict:
+        got = _slice(bed, node)
+        assert got is not None
+        assert len(got["spec"].get("devices") or []) == devices
+        return got
+
+    return eventually(listed)
+
+
 def test_status_change_publishes_slice_with_next_generation(
     cluster: Testbed, operator: RunningOperator
 ) -> None:
@@ -27,7 +40,7 @@ def test_status_change_publishes_slice_with_next_generation(
     cluster.add_node(node, {"migpart-test": "c"})
     put_mignode(cluster, node, [gpu_status(0, [("1g.10gb", 0)])])
 
-    first = eventually(lambda: _slice(cluster, node))
+    first = _published(cluster, node, 1)
     spec = first["spec"]
     assert spec["driver"] == "mig.migpart.io"
     assert spec["nodeName"] == node
@@ -47,13 +60,7 @@ def test_status_change_publishes_slice_with_next_generation(
     # the agent reports a second instance: one more device, generation + 1
     put_mignode(cluster, node, [gpu_status(0, [("1g.10gb", 0), ("1g.10gb", 1)])])
 
-    def updated() -> dict:
-        got = _slice(cluster, node)
-        assert got is not None
-        assert len(got["spec"]["devices"]) == 2
-        return got
-
-    second = eventually(updated)
+    second = _published(cluster, node, 2)
     assert second["spec"]["pool"]["generation"] == generation + 1
     assert sorted(d["name"] for d in second["spec"]["devices"]) == [
         "gpu-0-1g10gb-0",
@@ -70,7 +77,7 @@ def test_unchanged_device_set_keeps_generation(cluster: Testbed, operator: Runni
     node = "slices-c2"
     cluster.add_node(node, {"migpart-test": "c2"})
     put_mignode(cluster, node, [gpu_status(0, [("2g.20gb", 0)])])
-    first = eventually(lambda: _slice(cluster, node))
+    first = _published(cluster, node, 1)
     generation = first["spec"]["pool"]["generation"]
     # a status write that changes no device (a condition), then one that does
     cluster.kubectl(
@@ -84,13 +91,7 @@ def test_unchanged_device_set_keeps_generation(cluster: Testbed, operator: Runni
     )
     put_mignode(cluster, node, [gpu_status(0, [("2g.20gb", 0), ("2g.20gb", 2)])])
 
-    def updated() -> dict:
-        got = _slice(cluster, node)
-        assert got is not None
-        assert len(got["spec"]["devices"]) == 2
-        return got
-
-    second = eventually(updated)
+    second = _published(cluster, node, 2)
     assert second["spec"]["pool"]["generation"] == generation + 1
 
 
@@ -100,16 +101,11 @@ def test_a_lost_slice_is_published_again_and_mignodes_carry_no_finalizer(
     node = "slices-r"
     cluster.add_node(node, {"migpart-test": "r"})
     put_mignode(cluster, node, [gpu_status(0, [("3g.40gb", 0)])])
-    eventually(lambda: _slice(cluster, node))
+    _published(cluster, node, 1)
     # Someone deletes it (or a write failed): the periodic resync writes it again, unasked.
     cluster.kubectl("delete", "resourceslice", f"{node}-mig.migpart.io")
 
-    def back() -> dict:
-        got = _slice(cluster, node)
-        assert got is not None
-        return got
-
-    again = eventually(back)
+    again = _published(cluster, node, 1)
     assert [d["name"] for d in again["spec"]["devices"]] == ["gpu-0-3g40gb-0"]
     # Nothing of the operator's holds a MigNode back from deletion while it is down.
     mignode = get_or_none(cluster, "mignode", node)
