@@ -285,6 +285,10 @@ def operator(cluster: Testbed) -> Iterator[RunningOperator]:
         except BaseException as e:  # noqa: BLE001 - handed to the test thread, re-raised there
             running.error = e
         finally:
+            # aiohttp finishes closing its (TLS) connections on later loop iterations; closing
+            # the loop at once would leave kopf's watch sockets to the garbage collector, whose
+            # ResourceWarnings then fail whichever test happens to be running.
+            loop.run_until_complete(asyncio.sleep(0.25))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
