@@ -53,6 +53,16 @@ def eventually(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.2
         time.sleep(interval)
 
 
+PROFILE_IS = 'device.attributes["mig.migpart.io"].profile == "{}"'
+
+
+def events(bed: Testbed, name: str, namespace: str = "") -> list[dict[str, Any]]:
+    """The Events about objects named `name` (in `namespace`, or in all namespaces)."""
+    scope = ["-n", namespace] if namespace else ["-A"]
+    items = json.loads(bed.kubectl("get", "events", *scope, "-o", "json"))["items"]
+    return [e for e in items if e["involvedObject"]["name"] == name]
+
+
 def get(bed: Testbed, *args: str) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(bed.kubectl("get", *args, "-o", "json"))
     return out

@@ -8,18 +8,18 @@ device in that window, the device is published again and stays in the spec.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from typing import Any
 
 import pytest
 
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
+    PROFILE_IS,
     RunningOperator,
     allocate,
     apply,
     claim_body,
+    events,
     eventually,
     get,
     get_or_none,
@@ -31,7 +31,6 @@ from tests.integration.conftest import (
 
 pytestmark = pytest.mark.integration
 
-PROFILE_IS = 'device.attributes["mig.migpart.io"].profile == "{}"'
 BIG = "gpu-0-7g80gb-0"
 
 
@@ -47,11 +46,6 @@ def _spec_profiles(bed: Testbed, node: str) -> list[str] | None:
         return None
     gpus = [g for g in spec.get("gpus", []) if g["index"] == 0]
     return sorted(i["profile"] for i in gpus[0]["instances"]) if gpus else []
-
-
-def _events(bed: Testbed, name: str) -> list[dict[str, Any]]:
-    items = json.loads(bed.kubectl("get", "events", "-A", "-o", "json"))["items"]
-    return [e for e in items if e["involvedObject"]["name"] == name]
 
 
 def _node_with_a_free_7g(bed: Testbed, node: str, label: str) -> None:
@@ -125,7 +119,7 @@ def test_device_allocated_while_withdrawn_is_kept(
     pending_pod(cluster, "pod-e", "default", "claim-e")
 
     aborted = eventually(
-        lambda: [e for e in _events(cluster, "policy-e") if e["reason"] == "DestroyAborted"]
+        lambda: [e for e in events(cluster, "policy-e") if e["reason"] == "DestroyAborted"]
     )
     assert BIG in aborted[0]["message"]
     assert aborted[0]["type"] == "Warning"

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
+    PROFILE_IS,
     RunningOperator,
     apply,
     claim_body,
+    events,
     eventually,
     get,
     gpu_status,
@@ -21,14 +22,6 @@ from tests.integration.conftest import (
 )
 
 pytestmark = pytest.mark.integration
-
-PROFILE_IS = 'device.attributes["mig.migpart.io"].profile == "{}"'
-
-
-def _events(bed: Testbed, name: str, namespace: str = "") -> list[dict[str, Any]]:
-    scope = ["-n", namespace] if namespace else ["-A"]
-    items = json.loads(bed.kubectl("get", "events", *scope, "-o", "json"))["items"]
-    return [e for e in items if e["involvedObject"]["name"] == name]
 
 
 def test_pending_claim_produces_mignode_spec(cluster: Testbed, operator: RunningOperator) -> None:
@@ -67,7 +60,7 @@ def test_pending_claim_produces_mignode_spec(cluster: Testbed, operator: Running
     ready = [c for c in status["conditions"] if c["type"] == "Ready"]
     assert ready[0]["status"] == "True"
     assert eventually(
-        lambda: [e for e in _events(cluster, "policy-b") if e["reason"] == "Repartitioning"]
+        lambda: [e for e in events(cluster, "policy-b") if e["reason"] == "Repartitioning"]
     )
 
     # level-triggered: with the demand unchanged, later rounds write no new plan
@@ -97,9 +90,7 @@ def test_unsatisfiable_claim_warns_once_and_plans_nothing(
     pending_pod(cluster, "pod-u", "default", "claim-u")
 
     warned = eventually(
-        lambda: [
-            e for e in _events(cluster, "claim-u", "default") if e["reason"] == "Unsatisfiable"
-        ]
+        lambda: [e for e in events(cluster, "claim-u", "default") if e["reason"] == "Unsatisfiable"]
     )
     assert warned[0]["type"] == "Warning"
     assert "7g.80gb" in warned[0]["message"]
@@ -112,8 +103,8 @@ def test_unsatisfiable_claim_warns_once_and_plans_nothing(
     status = eventually(counted)
     assert "lastPlan" not in status
     assert not (get(cluster, "mignode", node).get("spec") or {}).get("planId")
-    events = [e for e in _events(cluster, "claim-u", "default") if e["reason"] == "Unsatisfiable"]
-    assert sum(e.get("count", 1) for e in events) == 1
+    warned = [e for e in events(cluster, "claim-u", "default") if e["reason"] == "Unsatisfiable"]
+    assert sum(e.get("count", 1) for e in warned) == 1
 
 
 def test_policy_without_nodes_is_not_ready(cluster: Testbed, operator: RunningOperator) -> None:
@@ -154,7 +145,7 @@ def test_dry_run_reports_and_changes_nothing(cluster: Testbed, operator: Running
     status = eventually(reported)
     assert status["lastPlan"]["created"] >= 1
     assert eventually(
-        lambda: [e for e in _events(cluster, "policy-dry") if e["reason"] == "DryRunPlan"]
+        lambda: [e for e in events(cluster, "policy-dry") if e["reason"] == "DryRunPlan"]
     )
     assert not (get(cluster, "mignode", node).get("spec") or {}).get("planId")
     assert not [e for e in operator.steps(node) if e.step == "spec_written"]

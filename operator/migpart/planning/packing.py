@@ -110,6 +110,19 @@ class _Target:
     cost: int  # destroyed, changed, created, 0, lost
 
 
+def _occupancy(table: ModelTable, instances: Iterable[Instance]) -> tuple[int, int, dict[str, int]]:
+    """What `instances` take of a GPU: memory-slice mask, compute slices, count per profile."""
+    mask = 0
+    compute = 0
+    counts: dict[str, int] = {}
+    for inst in instances:
+        prof = table.profile(inst.profile)
+        mask |= prof.mask(inst.start)
+        compute += prof.compute_slices
+        counts[inst.profile] = counts.get(inst.profile, 0) + 1
+    return mask, compute, counts
+
+
 @lru_cache(maxsize=8192)
 def free_capacity(table: ModelTable, taken: frozenset[Instance]) -> int:
     """How much the space beside `taken` can still host, weighted by compute slices.
@@ -118,14 +131,7 @@ def free_capacity(table: ModelTable, taken: frozenset[Instance]) -> int:
     other profiles; earliest placement first is optimal for equal-length ranges. Less of it lost
     means the free space stays in larger blocks.
     """
-    mask = 0
-    compute = 0
-    counts: dict[str, int] = {}
-    for inst in taken:
-        prof = table.profile(inst.profile)
-        mask |= prof.mask(inst.start)
-        compute += prof.compute_slices
-        counts[inst.profile] = counts.get(inst.profile, 0) + 1
+    mask, compute, counts = _occupancy(table, taken)
     total = 0
     room = table.compute_slices - compute
     for prof in table.profiles:
@@ -207,14 +213,7 @@ def _around(table: ModelTable, used: frozenset[Instance]) -> list[frozenset[Inst
     The same set as `enumerate_layouts(table, used)`, without caching one more enumeration per
     used set (the empty GPU's is cached once per model).
     """
-    mask = 0
-    compute = 0
-    counts: dict[str, int] = {}
-    for inst in used:
-        prof = table.profile(inst.profile)
-        mask |= prof.mask(inst.start)
-        compute += prof.compute_slices
-        counts[inst.profile] = counts.get(inst.profile, 0) + 1
+    mask, compute, counts = _occupancy(table, used)
     if not used:
         return list(enumerate_layouts(table, used))
     out: list[frozenset[Instance]] = []
