@@ -23,6 +23,13 @@ from migpart.controller.metrics import Metrics
 log = structlog.get_logger(__name__)
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds >= 0")
+    return value
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="migpart operator", description=__doc__)
     p.add_argument(
@@ -50,6 +57,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=1.0,
         help="how often policies are re-evaluated without any change",
     )
+    p.add_argument(
+        "--withdraw-grace-seconds",
+        type=_seconds,
+        default=1.0,
+        help="destroy protocol: wait this long after withdrawing devices from a slice before "
+        "confirming that no claim holds them (covers kube-scheduler cycles still in flight)",
+    )
     return p.parse_args(argv)
 
 
@@ -67,7 +81,11 @@ async def run(args: argparse.Namespace) -> None:
     memo.metrics = metrics
     try:
         await kopf.operator(
-            registry=build_registry(args.kubeconfig, tick_s=args.tick_seconds),
+            registry=build_registry(
+                args.kubeconfig,
+                tick_s=args.tick_seconds,
+                withdraw_grace_s=args.withdraw_grace_seconds,
+            ),
             clusterwide=True,
             standalone=not args.peering,
             ready_flag=ready,

@@ -98,6 +98,7 @@ def build_registry(
     hooks: Hooks | None = None,
     tick_s: float = 1.0,
     slice_resync_s: float = SLICE_RESYNC_S,
+    withdraw_grace_s: float = 1.0,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -120,6 +121,7 @@ def build_registry(
             metrics=metrics,
             hooks=hooks or Hooks(),
             tick_s=tick_s,
+            withdraw_grace_s=withdraw_grace_s,
         )
 
         def published(result: Published) -> None:

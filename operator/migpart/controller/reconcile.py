@@ -13,6 +13,7 @@ every request of the claim. A claim no policy can satisfy is reported once per g
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -521,6 +522,9 @@ class PolicyRound:
         )
         if self.state.hooks.after_withdraw is not None:
             await self.state.hooks.after_withdraw(name, gone)
+        # A scheduling cycle that read the slice before the withdrawal writes its allocation
+        # later (PreBind): give cycles in flight time to land before the confirming read.
+        await asyncio.sleep(self.state.withdraw_grace_s)
         claims = await list_claims_quorum(self.state.api)
         hit = {
             d

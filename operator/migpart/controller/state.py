@@ -50,6 +50,8 @@ class OperatorState:
     metrics: Metrics = field(default_factory=Metrics)
     hooks: Hooks = field(default_factory=Hooks)
     tick_s: float = 1.0
+    # destroy protocol: how long to wait between the withdrawal and the confirming read
+    withdraw_grace_s: float = 1.0
     # policy name -> monotonic time its oldest pending request was first seen
     first_pending: dict[str, float] = field(default_factory=dict)
     # (claim uid, generation) already told that nothing can satisfy it

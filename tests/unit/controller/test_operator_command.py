@@ -1,0 +1,26 @@
+"""`migpart operator` flags: defaults, and bad values refused with a message."""
+
+from __future__ import annotations
+
+import pytest
+
+from migpart.commands.operator import parse_args
+
+
+def test_defaults() -> None:
+    args = parse_args([])
+    assert args.tick_seconds == 1.0
+    assert args.withdraw_grace_seconds == 1.0
+    assert not args.peering
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_withdraw_grace_must_be_seconds(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--withdraw-grace-seconds", value])
+    assert exit_.value.code == 2
+    assert "--withdraw-grace-seconds" in capsys.readouterr().err
+
+
+def test_withdraw_grace_zero_is_allowed() -> None:
+    assert parse_args(["--withdraw-grace-seconds", "0"]).withdraw_grace_seconds == 0.0
