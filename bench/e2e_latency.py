@@ -7,7 +7,8 @@ creation to the pod bound with its claim allocated, split into where that time g
   (the resourceclaim controller makes the claim from its template, the scheduler tries once);
   before that the pod is not pending demand for anyone,
 - batching: marked Unschedulable -> the operator wrote a new MigNode.spec.planId, less the
-  planning time (the watch event, the batch window, the round's other work),
+  planning time (the watch event, the batch window, the destroy protocol's withdrawal and its
+  grace period when the plan destroys an instance, the round's other work),
 - planning: the planner itself (the policy's status.lastPlan.durationMillis),
 - agent: planId written -> the agent reports it converged (status.observedPlanId),
 - publish: converged -> the new device is in the node's ResourceSlice,
