@@ -22,7 +22,7 @@ import pytest
 
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
 from migpart.controller.handlers import build_registry
-from migpart.controller.state import Hooks, JournalEntry
+from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.mig import builtin_table
 from migpart.testbed import Testbed
 from tests.testbeds import running_testbed
@@ -266,6 +266,19 @@ class RunningOperator:
     error: BaseException | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
+    memo: kopf.Memo = field(default_factory=kopf.Memo)
+    thread: threading.Thread | None = None
+
+    def policy_loops(self) -> frozenset[str]:
+        """The policies the operator runs a planning loop for (read across threads: a copy)."""
+        state: OperatorState = self.memo.state
+        return state.workers.names()
+
+    def shut_down(self) -> None:
+        self.stop.set()
+        assert self.thread is not None
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "operator did not stop"
 
     def steps(self, node: str) -> list[JournalEntry]:
         return [e for e in list(self.hooks.journal) if e.node == node]
@@ -289,7 +302,7 @@ def operator(cluster: Testbed) -> Iterator[RunningOperator]:
                     standalone=True,
                     ready_flag=running.ready,
                     stop_flag=running.stop,
-                    memo=kopf.Memo(),
+                    memo=running.memo,
                 )
             )
         except BaseException as e:  # noqa: BLE001 - handed to the test thread, re-raised there
@@ -303,6 +316,7 @@ def operator(cluster: Testbed) -> Iterator[RunningOperator]:
             loop.close()
 
     thread = threading.Thread(target=main, name="migpart-operator", daemon=True)
+    running.thread = thread
     thread.start()
     assert running.ready.wait(60), "operator did not become ready"
     try:
@@ -312,10 +326,7 @@ def operator(cluster: Testbed) -> Iterator[RunningOperator]:
         # once; bound ones have no kubelet to confirm, hence --force.
         cluster.kubectl("delete", "pods", "--all", "-n", "default", "--force", "--grace-period=0")
         cluster.kubectl("delete", "resourceclaims", "--all", "-n", "default", "--wait=false")
-        # Policies carry the daemon's finalizer: delete them while the operator still runs.
         cluster.kubectl("delete", "gpupartitionpolicies", "--all", "--wait=true", "--timeout=60s")
-        running.stop.set()
-        thread.join(60)
-        assert not thread.is_alive(), "operator did not stop"
+        running.shut_down()
         if running.error is not None:
             raise running.error

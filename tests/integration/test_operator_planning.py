@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -119,6 +120,31 @@ def test_policy_without_nodes_is_not_ready(cluster: Testbed, operator: RunningOp
 
     ready = eventually(reported)
     assert ready["reason"] == "NoNodes"
+
+
+def test_policies_carry_no_finalizer_and_a_deleted_one_stops_planning(
+    cluster: Testbed, operator: RunningOperator
+) -> None:
+    for name in ("policy-gone", "policy-orphan"):
+        apply(cluster, policy_body(name, {"migpart-test": "nothing-has-this"}))
+
+    def reported(name: str) -> dict[str, Any]:
+        body = get(cluster, "gpupartitionpolicy", name)
+        assert (body.get("status") or {}).get("conditions")  # its loop ran a round
+        return body
+
+    for name in ("policy-gone", "policy-orphan"):
+        assert not eventually(functools.partial(reported, name))["metadata"].get("finalizers")
+    assert {"policy-gone", "policy-orphan"} <= operator.policy_loops()
+
+    # Deleted while the operator runs: the object goes at once, and so does its loop.
+    cluster.kubectl("delete", "gpupartitionpolicy", "policy-gone", "--wait=true", "--timeout=30s")
+    eventually(lambda: "policy-gone" not in operator.policy_loops() or None)
+
+    # Deleted while the operator is down (e.g. during an uninstall): nothing holds it back.
+    operator.shut_down()
+    cluster.kubectl("delete", "gpupartitionpolicy", "policy-orphan", "--wait=true", "--timeout=30s")
+    assert "policy-orphan" not in cluster.kubectl("get", "gpupartitionpolicies", "-o", "name")
 
 
 def test_dry_run_reports_and_changes_nothing(cluster: Testbed, operator: RunningOperator) -> None:

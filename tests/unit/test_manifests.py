@@ -79,10 +79,9 @@ OPERATOR_NEEDS = {
     ("resource.k8s.io", "resourceslices", "get"),
     ("resource.k8s.io", "resourceslices", "create"),
     ("resource.k8s.io", "resourceslices", "update"),
-    # kopf watch, daemon finalizer; patch_policy_status
+    # kopf index and event handler; patch_policy_status
     ("migpart.io", "gpupartitionpolicies", "list"),
     ("migpart.io", "gpupartitionpolicies", "watch"),
-    ("migpart.io", "gpupartitionpolicies", "patch"),
     ("migpart.io", "gpupartitionpolicies/status", "patch"),
     # kopf index, event handler; patch_mignode_spec
     ("migpart.io", "mignodes", "list"),

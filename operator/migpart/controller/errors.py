@@ -3,8 +3,8 @@
 Permanent: input that will never work as given (retrying cannot help; the object must change).
 Temporary: the world moved or a call failed; kopf retries the handler after `delay` seconds.
 
-A policy's planning daemon must never end (kopf would not restart it until the operator
-restarts, and the policy would silently stop being served): `survive` runs one round, reports
+A policy's planning loop must not end on an expected error (the policy would silently stop
+being served until it changes or the loop restarts): `survive` runs one round, reports
 a failure and says how long to wait before the next one. A permanent failure is retried too,
 only later (`PERMANENT_RETRY_S`) or as soon as something the policy watches changes.
 """

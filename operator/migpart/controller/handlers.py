@@ -1,5 +1,6 @@
-"""kopf wiring: indexes over the watched objects, one planning daemon per policy, the slice
-publisher on MigNode changes, login, startup and cleanup.
+"""kopf wiring: indexes over the watched objects, one planning loop per policy (started and
+stopped from the policy watch, see workers.py), the slice publisher on MigNode changes, login,
+startup and cleanup.
 
 Handlers are registered on a registry built by `build_registry`, not on kopf's global one,
 so that a test can run a whole operator in-process next to its own test code.
@@ -10,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import kopf
 import structlog
@@ -20,10 +22,18 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, MigNode
-from migpart.controller.errors import kopf_errors, survive
+from migpart.controller.errors import Outcome, kopf_errors, survive
 from migpart.controller.metrics import Metrics
-from migpart.controller.reconcile import Cluster, PolicyRound, parse_policy, report_invalid, strip
+from migpart.controller.reconcile import (
+    Cluster,
+    PolicyRound,
+    as_body,
+    parse_policy,
+    report_invalid,
+    strip,
+)
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
+from migpart.controller.workers import Signals
 from migpart.errors import MigpartError
 from migpart.kube.claims import claim_key, pod_claim_keys, pod_unschedulable
 from migpart.kube.client import open_client
@@ -35,7 +45,16 @@ log = structlog.get_logger(__name__)
 RESOURCE = ("resource.k8s.io", "v1")
 # A MigNode's slice is written on every MigNode event, and again every period (resync_slices).
 SLICE_RESYNC_S = 30.0
-# How long a woken policy daemon waits before its round (see policy_daemon).
+# The kopf indexes (their ids), which every round reads.
+INDEXES = (
+    "claims_index",
+    "waiting_index",
+    "mignodes_index",
+    "nodes_index",
+    "policies_index",
+    "classes_index",
+)
+# How long a woken planning loop waits before its round (see plan_policy).
 SETTLE_S = 0.02
 
 
@@ -108,7 +127,6 @@ def build_registry(
         settings.posting.reporting_component = "migpart"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-        settings.persistence.finalizer = f"{GROUP}/policy-daemon"
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         api, credentials = await open_client(kubeconfig)
@@ -157,6 +175,7 @@ def build_registry(
     async def cleanup(memo: Any, **_: Any) -> None:
         state = getattr(memo, "state", None)
         if state is not None:
+            await state.workers.close()  # each loop finishes its round (10 s at most)
             if state.resync is not None:
                 state.resync.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -197,7 +216,8 @@ def build_registry(
     @kopf.index(GROUP, VERSION, POLICY_PLURAL, registry=registry, id="policies_index")
     async def policies_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
         _state(memo).wake_all()
-        return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec"))}
+        # status too: a restarted operator builds the next status on the last one written
+        return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
 
     @kopf.index(*RESOURCE, "deviceclasses", registry=registry, id="classes_index")
     async def classes_index(name: str, body: kopf.Body, **_: Any) -> Any:
@@ -229,69 +249,80 @@ def build_registry(
 
     @kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)
     async def policy_changed(
-        type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
+        type: str | None, name: str, body: kopf.Body, memo: Any, **kwargs: Any
     ) -> None:
+        state = _state(memo)
+        if state.indexes is None:  # the same live index views for every handler call
+            state.indexes = {key: kwargs[key] for key in INDEXES}
         if type == "DELETED":
+            state.workers.stop(name)
             return
+        state.workers.ensure(name, functools.partial(plan_policy, state, name))
         try:
             parse_policy(body)
         except ValidationError as error:
-            message = await report_invalid(_state(memo), name, body, error)
+            message = await report_invalid(state, name, body, error)
             raise kopf.PermanentError(message) from error
 
-    @kopf.daemon(
-        GROUP,
-        VERSION,
-        POLICY_PLURAL,
-        registry=registry,
-        cancellation_timeout=10.0,
-        initial_delay=0.0,
-    )
-    async def policy_daemon(
-        name: str, body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **kwargs: Any
-    ) -> None:
-        """Plan for the policy whenever something it watches changed (or each tick, which
-        is when batch windows end); every round recomputes from the indexes."""
-        state = _state(memo)
-        wake = state.wakeup(name)
-        reported: str | None = None  # the failure last told in an Event, while it lasts
-        try:
-            while not stopped:
-                wake.clear()
-                wait = state.tick_s
-                try:
-                    parse_policy(body)
-                except ValidationError:
-                    pass  # reported by policy_changed; wait for the next change
-                else:
-                    round_ = PolicyRound(state, name, body, cluster_from(kwargs))
-                    outcome = await survive(round_.run, state.tick_s)
-                    wait = outcome.wait
-                    if outcome.failure is not None:
-                        kind = "permanent" if outcome.permanent else "temporary"
-                        state.metrics.round_failures.labels(name, kind).inc()
-                        log.warning(
-                            "policy_round_failed",
-                            policy=name,
-                            kind=kind,
-                            error=outcome.failure,
-                            retry_in_s=wait,
-                        )
-                        if outcome.failure != reported:  # one Event per failure, not per retry
-                            kopf.event(
-                                body,
-                                type="Warning",
-                                reason="RoundFailed",
-                                message=outcome.failure[:1000],
-                            )
-                    reported = outcome.failure
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout=wait)
-                    # Woken by an index handler, which runs before kopf stores its result:
-                    # let the index settle (and a burst of events coalesce) first.
-                    await asyncio.sleep(SETTLE_S)
-        finally:
-            state.wakeups.pop(name, None)
-            state.metrics.forget_policy(name)
-
     return registry
+
+
+def _plannable(body: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
+    if body is None:
+        return False
+    try:
+        parse_policy(body)
+    except ValidationError:
+        return False  # reported by policy_changed; wait for the next change
+    return True
+
+
+async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None:
+    """The planning loop of one policy (run by `state.workers`): plan whenever something it
+    watches changed, or each tick (which is when batch windows end); every round recomputes
+    from the indexes. Ends when stopped (the policy's DELETED event, or the operator's exit)."""
+    wake, stopped = signals.wake, signals.stopped
+    reported: str | None = None  # the failure last told in an Event, while it lasts
+    try:
+        while not stopped.is_set():
+            wake.clear()
+            assert state.indexes is not None  # set before the first worker starts
+            body = _flatten(state.indexes["policies_index"]).get(name)
+            wait = state.tick_s
+            if _plannable(body):
+                round_ = PolicyRound(state, name, body, cluster_from(state.indexes))
+                outcome = await survive(round_.run, state.tick_s)
+                wait = outcome.wait
+                if outcome.failure is not None:
+                    report_failure(state, name, body, outcome, tell=outcome.failure != reported)
+                reported = outcome.failure
+            if stopped.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=wait)
+                # Woken by an index handler, which runs before kopf stores its result:
+                # let the index settle (and a burst of events coalesce) first.
+                await asyncio.sleep(SETTLE_S)
+    finally:
+        state.metrics.forget_policy(name)
+
+
+def report_failure(
+    state: OperatorState, name: str, body: Mapping[str, Any], outcome: Outcome, *, tell: bool
+) -> None:
+    """Count and log a failed round; `tell`: also post a RoundFailed Event (once per distinct
+    failure, not once per retry)."""
+    assert outcome.failure is not None
+    kind = "permanent" if outcome.permanent else "temporary"
+    state.metrics.round_failures.labels(name, kind).inc()
+    log.warning(
+        "policy_round_failed",
+        policy=name,
+        kind=kind,
+        error=outcome.failure,
+        retry_in_s=outcome.wait,
+    )
+    if tell:
+        kopf.event(
+            as_body(body), type="Warning", reason="RoundFailed", message=outcome.failure[:1000]
+        )

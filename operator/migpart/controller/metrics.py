@@ -51,8 +51,9 @@ class Metrics:
         )
 
     def forget_policy(self, policy: str) -> None:
-        """Drop a policy's gauge and histogram series when its daemon ends (policy deleted, or
-        the operator stopping), so a deleted policy does not report pending requests forever.
+        """Drop a policy's gauge and histogram series when its planning loop ends (policy
+        deleted, or the operator stopping), so a deleted policy does not report pending
+        requests forever.
         Counters stay: they only ever count what happened."""
         for metric in (self.pending_requests, self.plan_duration):
             with contextlib.suppress(KeyError):

@@ -7,13 +7,14 @@ the slices) holds the truth, and each round recomputes its decisions from it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
 from migpart.controller.metrics import Metrics
+from migpart.controller.workers import Workers
 from migpart.kube.claims import AllocatedDevice
 from migpart.kube.client import Credentials
 from migpart.kube.slices import SlicePublisher
@@ -65,13 +66,12 @@ class OperatorState:
     statuses: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     # MigNode name -> the body our last spec patch returned, until the watch shows it
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
-    wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
+    # one planning loop per policy (handlers.plan_policy)
+    workers: Workers = field(default_factory=Workers)
+    # kopf's live index views (id -> index), kept from the first policy event for the loops
+    indexes: Mapping[str, Any] | None = None
     # the task that republishes every slice periodically (handlers.resync_slices)
     resync: asyncio.Task[None] | None = None
 
     def wake_all(self) -> None:
-        for event in self.wakeups.values():
-            event.set()
-
-    def wakeup(self, policy: str) -> asyncio.Event:
-        return self.wakeups.setdefault(policy, asyncio.Event())
+        self.workers.wake_all()

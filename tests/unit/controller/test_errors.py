@@ -1,4 +1,4 @@
-"""A policy round's failure becomes an Outcome: the planning daemon survives every error."""
+"""A policy round's failure becomes an Outcome: the planning loop survives every error."""
 
 from __future__ import annotations
 
