@@ -6,10 +6,12 @@ creation to the pod bound with its claim allocated, split into where that time g
 - unschedulable: pod created -> kube-scheduler marked it PodScheduled=False/Unschedulable
   (the resourceclaim controller makes the claim from its template, the scheduler tries once);
   before that the pod is not pending demand for anyone,
-- batching: marked Unschedulable -> the operator wrote a new MigNode.spec.planId, less the
-  planning time (the watch event, the batch window, the destroy protocol's withdrawal and its
-  grace period when the plan destroys an instance, the round's other work),
+- batching: marked Unschedulable -> the operator acted on the plan (withdrew the instances it
+  destroys from the slice, or else wrote the new MigNode.spec.planId), less the planning time
+  (the watch event, the batch window, the round's other work),
 - planning: the planner itself (the policy's status.lastPlan.durationMillis),
+- protocol: the destroy protocol, withdrawn -> new planId written (its grace period
+  `--withdraw-grace-seconds` and the confirming read); zero for plans that destroy nothing,
 - agent: planId written -> the agent reports it converged (status.observedPlanId),
 - publish: converged -> the new device is in the node's ResourceSlice,
 - scheduler: device published -> pod bound with its claim allocated (scheduler retry).
@@ -48,6 +50,7 @@ class Sample:
     unschedulable: float
     batching: float
     planning: float
+    protocol: float
     agent: float
     publish: float
     scheduler: float
@@ -82,6 +85,7 @@ async def one_pod(
     await res.create_namespaced_resource_claim_template(NAMESPACE, template)
     before = await custom.get_cluster_custom_object("migpart.io", "v1alpha1", "mignodes", node)
     old_plan = (before.get("spec") or {}).get("planId")
+    published = await slice_devices(res, node)
     pod: Any = {
         "metadata": {"name": name},
         "spec": {
@@ -99,7 +103,7 @@ async def one_pod(
     }
     t0 = time.monotonic()
     await core.create_namespaced_pod(NAMESPACE, pod)
-    t_unschedulable = t_plan = t_agent = t_slice = t_bound = 0.0
+    t_unschedulable = t_withdrawn = t_plan = t_agent = t_slice = t_bound = 0.0
     new_plan = None
     while not t_bound:
         now = time.monotonic()
@@ -109,11 +113,12 @@ async def one_pod(
         plan = (mn.get("spec") or {}).get("planId")
         if not t_plan and plan and plan != old_plan:
             t_plan, new_plan = now, plan
+        if not t_plan and not t_withdrawn and published - await slice_devices(res, node):
+            t_withdrawn = now
         if t_plan and not t_agent and (mn.get("status") or {}).get("observedPlanId") == new_plan:
             t_agent = now
         if t_agent and not t_slice:
-            slices = await res.list_resource_slice(field_selector=f"spec.nodeName={node}")
-            names = {d.name for s in slices.items for d in s.spec.devices or []}
+            names = await slice_devices(res, node)
             if any(n.split("-")[2] == profile.replace(".", "") for n in names):
                 t_slice = now
         body = await core.read_namespaced_pod(name, NAMESPACE)
@@ -135,17 +140,24 @@ async def one_pod(
     t_plan = t_plan or t_bound
     # polled every 50 ms: a pod marked and planned for between two polls counts as marked then
     t_unschedulable = min(t_unschedulable or t_plan, t_plan)
+    t_withdrawn = min(t_withdrawn or t_plan, t_plan)
     t_agent = t_agent or t_plan
     t_slice = t_slice or t_agent
     return Sample(
         t_bound - t0,
         t_unschedulable - t0,
-        max(0.0, t_plan - t_unschedulable - planning),
+        max(0.0, t_withdrawn - t_unschedulable - planning),
         planning,
+        t_plan - t_withdrawn,
         t_agent - t_plan,
         t_slice - t_agent,
         t_bound - t_slice,
     )
+
+
+async def slice_devices(res: client.ResourceV1Api, node: str) -> set[str]:
+    slices = await res.list_resource_slice(field_selector=f"spec.nodeName={node}")
+    return {d.name for s in slices.items for d in s.spec.devices or []}
 
 
 async def plan_seconds(custom: client.CustomObjectsApi, pool: str, plan_id: str) -> float:
@@ -184,7 +196,8 @@ def report(label: str, samples: list[Sample]) -> None:
         f"{label}: {len(samples)} pods  p50 {statistics.median(totals):.2f} s  "
         f"p95 {pct(totals, 0.95):.2f} s  max {max(totals):.2f} s"
     )
-    for part in ("unschedulable", "batching", "planning", "agent", "publish", "scheduler"):
+    parts = ("unschedulable", "batching", "planning", "protocol", "agent", "publish", "scheduler")
+    for part in parts:
         values = [getattr(s, part) for s in samples]
         print(
             f"    {part:<13} median {statistics.median(values):6.3f} s   "

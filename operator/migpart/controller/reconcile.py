@@ -43,8 +43,10 @@ from migpart.kube.claims import (
     allocated_devices,
     body_key,
     claim_generation,
+    is_allocated,
     list_claims_quorum,
     pending_claims,
+    prepared_claims,
 )
 from migpart.kube.objects import patch_mignode_spec, patch_policy_status
 from migpart.kube.placement import NodeFacts, NodeFilter, Placement
@@ -204,8 +206,11 @@ class Scope:
     demand: Demand
 
 
-def scope_of(policy_name: str, cluster: Cluster) -> Scope | None:
-    """None when the policy itself is invalid."""
+def scope_of(
+    policy_name: str, cluster: Cluster, allocated: frozenset[str] = frozenset()
+) -> Scope | None:
+    """None when the policy itself is invalid. `allocated`: keys of claims known to be
+    allocated although the claim index does not show it yet (besides the prepared ones)."""
     policies = parse_policies(cluster.policies)
     if policy_name not in policies:
         return None
@@ -220,7 +225,8 @@ def scope_of(policy_name: str, cluster: Cluster) -> Scope | None:
     unsatisfiable: list[tuple[Body, str]] = []
     pending = 0
     placement = NodeFilter(cluster.node_facts)
-    for claim in pending_claims(cluster.claims.values(), frozenset(cluster.waiting)):
+    allocated = allocated | prepared_claims(cluster.mignodes.values())
+    for claim in pending_claims(cluster.claims.values(), frozenset(cluster.waiting), allocated):
         owner: str | None = None
         reason: str | None = None
         # where the claim's pods may run: a policy with none of those nodes cannot serve it
@@ -387,7 +393,7 @@ class PolicyRound:
     async def run(self) -> RoundResult:
         policy = parse_policy(self.body)
         await self.restore_leftovers()
-        scope = scope_of(self.name, self.cluster)
+        scope = scope_of(self.name, self.cluster, self.fresh_claims())
         if scope is None:
             return RoundResult()
         self.warn_unsatisfiable(scope.demand.unsatisfiable)
@@ -401,7 +407,7 @@ class PolicyRound:
                     break
                 except Redo:
                     self.state.wake_all()
-                    scope = scope_of(self.name, self.cluster) or scope
+                    scope = scope_of(self.name, self.cluster, self.fresh_claims()) or scope
         await self.write_status(policy, scope, last_plan)
         return result
 
@@ -428,6 +434,17 @@ class PolicyRound:
         # the quorum read saw these first; once the watch shows them, the index suffices
         self.state.fresh_allocations -= indexed
         return indexed | frozenset(self.state.fresh_allocations)
+
+    def fresh_claims(self) -> frozenset[str]:
+        """Keys of the claims the quorum read saw allocated while the index still shows them
+        unallocated (forgotten once the index shows the allocation, or the claim is gone)."""
+        lagging = {
+            str((claim.get("metadata") or {}).get("uid")): body_key(claim)
+            for claim in self.cluster.claims.values()
+            if not is_allocated(claim)
+        }
+        self.state.fresh_claims &= lagging.keys()
+        return frozenset(lagging[uid] for uid in self.state.fresh_claims)
 
     async def plan_and_apply(
         self, policy: GpuPartitionPolicy, scope: Scope
@@ -535,6 +552,11 @@ class PolicyRound:
         if hit:
             kept = frozenset(d.device for d in hit)
             self.state.fresh_allocations |= hit
+            self.state.fresh_claims |= {
+                str((claim.get("metadata") or {}).get("uid"))
+                for claim in claims
+                if allocated_devices(claim) & hit
+            }
             await self.state.publisher.restore(name, kept)
             self.state.metrics.devices_kept.inc(len(kept))
             self.state.hooks.record(JournalEntry("kept", name, kept))

@@ -59,6 +59,8 @@ class OperatorState:
     warned: set[tuple[str, int]] = field(default_factory=set)
     # allocations seen by the destroy protocol's quorum read before the claim watch shows them
     fresh_allocations: set[AllocatedDevice] = field(default_factory=set)
+    # uids of the claims those allocations belong to (not pending, whatever the index says)
+    fresh_claims: set[str] = field(default_factory=set)
     # policy name -> what the last DryRun report said (to report each decision once)
     dry_reports: dict[str, str] = field(default_factory=dict)
     # policy name -> (uid, the status last written): to write only changes, and to build the

@@ -82,13 +82,38 @@ def pod_unschedulable(pod: Body) -> bool:
     return False
 
 
-def pending_claims(claims: Iterable[Body], waiting: frozenset[str]) -> list[Body]:
+def pending_claims(
+    claims: Iterable[Body], waiting: frozenset[str], allocated: frozenset[str] = frozenset()
+) -> list[Body]:
     """The unallocated claims that some unschedulable pod waits for, sorted by key.
 
-    `waiting` holds the claim keys of unschedulable pods (see `pod_claim_keys`).
+    `waiting` holds the claim keys of unschedulable pods (see `pod_claim_keys`); `allocated`
+    the keys of claims known to be allocated from elsewhere than the claim itself, which the
+    claim watch may not show yet (see `prepared_claims`).
     """
-    chosen = [c for c in claims if not is_allocated(c) and body_key(c) in waiting]
+    chosen = [
+        c
+        for c in claims
+        if not is_allocated(c) and body_key(c) in waiting and body_key(c) not in allocated
+    ]
     return sorted(chosen, key=body_key)
+
+
+def prepared_claims(mignodes: Iterable[Body]) -> frozenset[str]:
+    """The claims ("namespace/name") that agents report prepared on an instance.
+
+    kubelet prepares a claim only after kube-scheduler allocated it and bound its pod, so such
+    a claim is allocated even while the claim and pod watches, which are separate streams
+    from the MigNode watch, still show it unallocated and its pod unschedulable. Counting it
+    as pending then would plan a second device for it.
+    """
+    return frozenset(
+        str(claim)
+        for body in mignodes
+        for gpu in (body.get("status") or {}).get("gpus") or []
+        for instance in gpu.get("instances") or []
+        for claim in instance.get("claims") or []
+    )
 
 
 def claim_generation(claim: Body) -> int:

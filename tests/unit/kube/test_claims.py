@@ -1,0 +1,195 @@
+"""Which claims are pending demand, and evidence of allocation from outside the claim watch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+
+from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
+from migpart.controller.reconcile import Cluster, PolicyRound, scope_of
+from migpart.controller.state import OperatorState
+from migpart.kube.claims import (
+    AllocatedDevice,
+    allocated_devices,
+    pending_claims,
+    pod_claim_keys,
+    pod_unschedulable,
+    prepared_claims,
+)
+from migpart.kube.placement import NodeFacts
+from migpart.mig import builtin_table
+
+ROOT = Path(__file__).resolve().parents[3]
+H100 = "NVIDIA H100 80GB HBM3"
+DRIVER = "mig.migpart.io"
+
+
+def claim(name: str, *, uid: str = "", allocated_to: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"namespace": "team-a", "name": name, "uid": uid or f"uid-{name}"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": DRIVER,
+                            "selectors": [
+                                {
+                                    "cel": {
+                                        "expression": (
+                                            f'device.attributes["{DRIVER}"].profile == "3g.40gb"'
+                                        )
+                                    }
+                                }
+                            ],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    if allocated_to is not None:
+        body["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": allocated_to},
+                        {
+                            "request": "nic",
+                            "driver": "nic.example.com",
+                            "pool": "n1",
+                            "device": "e",
+                        },
+                    ]
+                }
+            }
+        }
+    return body
+
+
+def mignode(name: str, instances: list[MigInstanceStatus]) -> dict[str, Any]:
+    table = builtin_table(H100)
+    gpu = GpuStatus(
+        index=0,
+        uuid="GPU-0",
+        model=H100,
+        mig_enabled=True,
+        compute_slices=table.compute_slices,
+        memory_slices=table.memory_slices,
+        profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
+        instances=instances,
+    )
+    return {
+        "apiVersion": "migpart.io/v1alpha1",
+        "kind": "MigNode",
+        "metadata": {"name": name, "labels": {"pool": "a"}},
+        "status": MigNodeStatus(gpus=[gpu]).model_dump(by_alias=True, mode="json"),
+    }
+
+
+def prepared(profile: str, start: int, *claims: str) -> MigInstanceStatus:
+    return MigInstanceStatus(
+        profile=profile,
+        start=start,
+        uuid=f"MIG-{profile}-{start}",
+        state="Prepared",
+        claims=list(claims),
+    )
+
+
+def test_a_claim_is_pending_when_unallocated_and_a_pod_waits_for_it() -> None:
+    claims = [claim("waited"), claim("nobody-waits"), claim("done", allocated_to="gpu-0-3g40gb-0")]
+    waiting = frozenset({"team-a/waited", "team-a/done"})
+    assert [c["metadata"]["name"] for c in pending_claims(claims, waiting)] == ["waited"]
+    # known allocated from elsewhere: not pending, whatever the claim itself says yet
+    assert pending_claims(claims, waiting, frozenset({"team-a/waited"})) == []
+
+
+def test_only_our_drivers_devices_count_as_allocated() -> None:
+    assert allocated_devices(claim("c", allocated_to="gpu-0-3g40gb-0")) == {
+        AllocatedDevice("n1", "gpu-0-3g40gb-0")
+    }
+    assert allocated_devices(claim("c")) == frozenset()
+
+
+def test_prepared_claims_come_from_every_nodes_instances() -> None:
+    nodes = [
+        mignode("n1", [prepared("3g.40gb", 0, "team-a/x"), prepared("3g.40gb", 4)]),
+        mignode("n2", [prepared("1g.10gb", 0, "team-a/y", "team-b/z")]),
+        {"metadata": {"name": "n3"}},  # no status yet
+    ]
+    assert prepared_claims(nodes) == {"team-a/x", "team-a/y", "team-b/z"}
+
+
+def test_pod_claim_keys_and_unschedulable() -> None:
+    pod: dict[str, Any] = {
+        "metadata": {"namespace": "team-a", "name": "p"},
+        "spec": {
+            "resourceClaims": [
+                {"name": "a", "resourceClaimName": "direct"},
+                {"name": "b", "resourceClaimTemplateName": "tmpl"},
+            ]
+        },
+        "status": {
+            "resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-xyz"}],
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+        },
+    }
+    assert pod_claim_keys(pod) == {"team-a/direct", "team-a/p-b-xyz"}
+    assert pod_unschedulable(pod)
+    pod["status"]["conditions"][0]["reason"] = "SchedulerError"
+    assert not pod_unschedulable(pod)
+
+
+def cluster_with(node: dict[str, Any], claims: list[dict[str, Any]]) -> Cluster:
+    deviceclass = yaml.safe_load((ROOT / "manifests" / "deviceclass.yaml").read_text())
+    return Cluster(
+        mignodes={"n1": node},
+        node_labels={"n1": {"pool": "a"}},
+        policies={
+            "p": {
+                "apiVersion": "migpart.io/v1alpha1",
+                "kind": "GpuPartitionPolicy",
+                "metadata": {"name": "p", "uid": "u"},
+                "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}}},
+            }
+        },
+        claims={f"team-a/{c['metadata']['name']}": c for c in claims},
+        waiting={f"team-a/{c['metadata']['name']}": () for c in claims},
+        device_classes={DRIVER: deviceclass},
+        node_facts={"n1": NodeFacts({"pool": "a"}, ())},
+    )
+
+
+def test_a_claim_prepared_on_a_node_is_not_planned_again_while_the_watches_lag() -> None:
+    """kubelet prepared the claim (so it was allocated and its pod bound), but the MigNode
+    event arrived before the claim's and the pod's: the claim must not become demand, or
+    the planner would cut a second device for it (the first one is in use)."""
+    lagging = [claim("served"), claim("new")]
+    node = mignode("n1", [prepared("3g.40gb", 0, "team-a/served")])
+    scope = scope_of("p", cluster_with(node, lagging))
+    assert scope is not None
+    assert [r.name.split("/")[1] for r in scope.demand.requests] == ["new"]
+    # and a claim the destroy protocol's quorum read saw allocated, likewise
+    scope = scope_of("p", cluster_with(node, lagging), frozenset({"team-a/new"}))
+    assert scope is not None
+    assert scope.demand.requests == ()
+
+
+def test_claims_the_quorum_read_saw_allocated_are_forgotten_once_the_index_catches_up() -> None:
+    state = OperatorState(
+        api=cast(Any, None), credentials=cast(Any, None), publisher=cast(Any, None)
+    )
+    state.fresh_claims = {"uid-lagging", "uid-caught-up", "uid-gone", "uid-old"}
+    claims = [
+        claim("lagging"),  # the index still shows it unallocated: not pending
+        claim("caught-up", allocated_to="gpu-0-3g40gb-0"),
+        claim("old", uid="uid-new"),  # deleted and made again under the same name: pending
+    ]
+    policy = cluster_with(mignode("n1", []), claims).policies["p"]
+    round_ = PolicyRound(state, "p", policy, cluster_with(mignode("n1", []), claims))
+    assert round_.fresh_claims() == {"team-a/lagging"}
+    assert state.fresh_claims == {"uid-lagging"}
