@@ -109,38 +109,41 @@ async def one_pod(
         now = time.monotonic()
         if now - t0 > 120:
             raise TimeoutError(f"pod {name} not served in 120 s")
+        # each state is stamped when the read that shows it returns
         mn = await custom.get_cluster_custom_object("migpart.io", "v1alpha1", "mignodes", node)
+        seen = time.monotonic()
         plan = (mn.get("spec") or {}).get("planId")
         if not t_plan and plan and plan != old_plan:
-            t_plan, new_plan = now, plan
-        if not t_plan and not t_withdrawn and published - await slice_devices(res, node):
-            t_withdrawn = now
+            t_plan, new_plan = seen, plan
         if t_plan and not t_agent and (mn.get("status") or {}).get("observedPlanId") == new_plan:
-            t_agent = now
+            t_agent = seen
+        if not t_plan and not t_withdrawn and published - await slice_devices(res, node):
+            t_withdrawn = time.monotonic()
         if t_agent and not t_slice:
             names = await slice_devices(res, node)
             if any(n.split("-")[2] == profile.replace(".", "") for n in names):
-                t_slice = now
+                t_slice = time.monotonic()
         body = await core.read_namespaced_pod(name, NAMESPACE)
+        seen = time.monotonic()
         if not t_unschedulable and any(
             c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
             for c in body.status.conditions or []
         ):
-            t_unschedulable = now
+            t_unschedulable = seen
         if body.spec.node_name and body.status.resource_claim_statuses:
             claim = await res.read_namespaced_resource_claim(
                 body.status.resource_claim_statuses[0].resource_claim_name, NAMESPACE
             )
             if claim.status and claim.status.allocation:
-                t_bound = now
+                t_bound = time.monotonic()
                 await kubelet.start_pod(body)
                 await kubelet.finish_pod(NAMESPACE, name, node)
         await asyncio.sleep(0.05)
     planning = await plan_seconds(custom, pool, new_plan) if new_plan else 0.0
     t_plan = t_plan or t_bound
-    # polled every 50 ms: a pod marked and planned for between two polls counts as marked then
-    t_unschedulable = min(t_unschedulable or t_plan, t_plan)
+    # polled: a step seen in the same poll as a later one counts as done when that one was
     t_withdrawn = min(t_withdrawn or t_plan, t_plan)
+    t_unschedulable = min(t_unschedulable or t_withdrawn, t_withdrawn)
     t_agent = t_agent or t_plan
     t_slice = t_slice or t_agent
     return Sample(
