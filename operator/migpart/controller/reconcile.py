@@ -35,7 +35,7 @@ from migpart.api.models import (
     MigNode,
     MigNodeSpec,
 )
-from migpart.controller.state import JournalEntry, OperatorState
+from migpart.controller.state import FRESH_S, JournalEntry, OperatorState
 from migpart.kube import demand
 from migpart.kube.claims import (
     AllocatedDevice,
@@ -204,6 +204,12 @@ class Scope:
 
     nodes: tuple[MigNode, ...]
     demand: Demand
+
+
+def _stale(seen: float) -> bool:
+    """A quorum-read sighting the watch has had ample time to show (or the claim went away
+    before it did): forget it rather than keep a device counted as used for good."""
+    return time.monotonic() - seen > FRESH_S
 
 
 def scope_of(
@@ -432,19 +438,26 @@ class PolicyRound:
     def allocated(self) -> frozenset[AllocatedDevice]:
         indexed = all_allocated(self.cluster.claims.values())
         # the quorum read saw these first; once the watch shows them, the index suffices
-        self.state.fresh_allocations -= indexed
-        return indexed | frozenset(self.state.fresh_allocations)
+        fresh = self.state.fresh_allocations
+        for device in [d for d, seen in fresh.items() if d in indexed or _stale(seen)]:
+            del fresh[device]
+        return indexed | frozenset(fresh)
 
     def fresh_claims(self) -> frozenset[str]:
         """Keys of the claims the quorum read saw allocated while the index still shows them
-        unallocated (forgotten once the index shows the allocation, or the claim is gone)."""
-        lagging = {
-            str((claim.get("metadata") or {}).get("uid")): body_key(claim)
-            for claim in self.cluster.claims.values()
-            if not is_allocated(claim)
-        }
-        self.state.fresh_claims &= lagging.keys()
-        return frozenset(lagging[uid] for uid in self.state.fresh_claims)
+        unallocated (forgotten once the index shows the allocation)."""
+        lagging: dict[str, str] = {}
+        caught_up: set[str] = set()
+        for claim in self.cluster.claims.values():
+            uid = str((claim.get("metadata") or {}).get("uid"))
+            if is_allocated(claim):
+                caught_up.add(uid)
+            else:
+                lagging[uid] = body_key(claim)
+        fresh = self.state.fresh_claims
+        for uid in [u for u, seen in fresh.items() if u in caught_up or _stale(seen)]:
+            del fresh[uid]
+        return frozenset(lagging[uid] for uid in fresh if uid in lagging)
 
     async def plan_and_apply(
         self, policy: GpuPartitionPolicy, scope: Scope
@@ -551,12 +564,15 @@ class PolicyRound:
         }
         if hit:
             kept = frozenset(d.device for d in hit)
-            self.state.fresh_allocations |= hit
-            self.state.fresh_claims |= {
-                str((claim.get("metadata") or {}).get("uid"))
-                for claim in claims
-                if allocated_devices(claim) & hit
-            }
+            now = time.monotonic()
+            self.state.fresh_allocations.update(dict.fromkeys(hit, now))
+            self.state.fresh_claims.update(
+                {
+                    str((claim.get("metadata") or {}).get("uid")): now
+                    for claim in claims
+                    if allocated_devices(claim) & hit
+                }
+            )
             await self.state.publisher.restore(name, kept)
             self.state.metrics.devices_kept.inc(len(kept))
             self.state.hooks.record(JournalEntry("kept", name, kept))

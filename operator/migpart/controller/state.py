@@ -19,6 +19,11 @@ from migpart.kube.claims import AllocatedDevice
 from migpart.kube.client import Credentials
 from migpart.kube.slices import SlicePublisher
 
+# How long a quorum-read sighting of an allocation stands in for the claim watch (which
+# normally shows it within a second): after that it is forgotten even if the watch never
+# showed it, e.g. because the claim was deleted in between.
+FRESH_S = 60.0
+
 # Called after the destroy protocol withdrew devices from a node's slice and before it reads
 # the claims: tests use it to allocate a claim inside the window, on purpose.
 WithdrawHook = Callable[[str, frozenset[str]], Awaitable[None]]
@@ -58,9 +63,10 @@ class OperatorState:
     # (claim uid, generation) already told that nothing can satisfy it
     warned: set[tuple[str, int]] = field(default_factory=set)
     # allocations seen by the destroy protocol's quorum read before the claim watch shows them
-    fresh_allocations: set[AllocatedDevice] = field(default_factory=set)
+    # (device -> monotonic time seen; forgotten once indexed, or after FRESH_S)
+    fresh_allocations: dict[AllocatedDevice, float] = field(default_factory=dict)
     # uids of the claims those allocations belong to (not pending, whatever the index says)
-    fresh_claims: set[str] = field(default_factory=set)
+    fresh_claims: dict[str, float] = field(default_factory=dict)
     # policy name -> what the last DryRun report said (to report each decision once)
     dry_reports: dict[str, str] = field(default_factory=dict)
     # policy name -> (uid, the status last written): to write only changes, and to build the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -9,7 +10,7 @@ import yaml
 
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
 from migpart.controller.reconcile import Cluster, PolicyRound, scope_of
-from migpart.controller.state import OperatorState
+from migpart.controller.state import FRESH_S, OperatorState
 from migpart.kube.claims import (
     AllocatedDevice,
     allocated_devices,
@@ -179,17 +180,31 @@ def test_a_claim_prepared_on_a_node_is_not_planned_again_while_the_watches_lag()
     assert scope.demand.requests == ()
 
 
-def test_claims_the_quorum_read_saw_allocated_are_forgotten_once_the_index_catches_up() -> None:
+def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
     state = OperatorState(
         api=cast(Any, None), credentials=cast(Any, None), publisher=cast(Any, None)
     )
-    state.fresh_claims = {"uid-lagging", "uid-caught-up", "uid-gone", "uid-old"}
+    now, long_ago = time.monotonic(), time.monotonic() - FRESH_S - 1
+    state.fresh_claims = {
+        "uid-lagging": now,  # the index still shows it unallocated: not pending
+        "uid-caught-up": now,  # the index shows the allocation now: forgotten
+        "uid-unseen": now,  # not in the index yet: kept, and no key to report
+        "uid-deleted": long_ago,  # never shown, e.g. deleted meanwhile: forgotten in time
+    }
+    kept_device = AllocatedDevice("n1", "gpu-0-1g10gb-0")
+    state.fresh_allocations = {
+        AllocatedDevice("n1", "gpu-0-3g40gb-0"): now,  # indexed now: the index suffices
+        kept_device: now,
+        AllocatedDevice("n1", "gpu-0-7g80gb-0"): long_ago,
+    }
     claims = [
-        claim("lagging"),  # the index still shows it unallocated: not pending
+        claim("lagging"),
         claim("caught-up", allocated_to="gpu-0-3g40gb-0"),
-        claim("old", uid="uid-new"),  # deleted and made again under the same name: pending
+        claim("deleted", uid="uid-other"),  # made again under the same name: pending
     ]
-    policy = cluster_with(mignode("n1", []), claims).policies["p"]
-    round_ = PolicyRound(state, "p", policy, cluster_with(mignode("n1", []), claims))
+    cluster = cluster_with(mignode("n1", []), claims)
+    round_ = PolicyRound(state, "p", cluster.policies["p"], cluster)
     assert round_.fresh_claims() == {"team-a/lagging"}
-    assert state.fresh_claims == {"uid-lagging"}
+    assert set(state.fresh_claims) == {"uid-lagging", "uid-unseen"}
+    assert round_.allocated() == {AllocatedDevice("n1", "gpu-0-3g40gb-0"), kept_device}
+    assert set(state.fresh_allocations) == {kept_device}
