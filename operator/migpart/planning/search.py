@@ -185,15 +185,15 @@ class NodeSearch:
         for i in order:
             self.where[i] = node
 
-    def _without(self, node: int, gone: int) -> _Packed | None:
-        """The node without request `gone` (None: nothing left on it)."""
+    def _without(self, node: int, gone: int) -> tuple[_Packed | None, int]:
+        """The node without request `gone` (None: nothing left on it), and its cost."""
         rest = [m for m in self.members[node] if m != gone]
         if not rest:
-            return None
+            return None, self._empty(node)
         found = self._pack(node, rest)
         # The layouts that served every member still serve the others.
         assert found is not None
-        return found
+        return found, found[0].cost
 
     def _drop(self, i: int) -> None:
         self.satisfied[self.level[i]] -= 1
@@ -427,7 +427,7 @@ class NodeSearch:
                 if e not in self.where:
                     continue
                 node = self.where[e]
-                left = self._without(node, e)
+                left, _ = self._without(node, e)
                 self._drop(e)
                 self._set(node, left)
                 for i in [*(i for i in order if i not in self.where and i != e), e]:
@@ -541,8 +541,8 @@ class NodeSearch:
             for i in list(self.members[node]):
                 if self.where.get(i) != node:
                     continue
-                left = self._without(node, i)
-                base = (left[0].cost if left else self._empty(node)) - self.cost[node]
+                left, cost_left = self._without(node, i)
+                base = cost_left - self.cost[node]
                 if base > -_STEP:
                     continue  # adding i elsewhere never costs less than nothing
                 best: tuple[int, int, _Packed] | None = None
@@ -572,8 +572,7 @@ class NodeSearch:
             for i in list(self.members[node]):
                 if self.where.get(i) != node:
                     continue
-                rest_i = self._without(node, i)
-                cost_i = rest_i[0].cost if rest_i else self._empty(node)
+                _, cost_i = self._without(node, i)
                 for other in self.demand[i]:
                     if other <= node or self.where.get(i) != node:
                         continue
@@ -583,8 +582,7 @@ class NodeSearch:
                             or self.demand[j][node] == self.demand[i][node]
                         ):
                             continue
-                        rest_j = self._without(other, j)
-                        cost_j = rest_j[0].cost if rest_j else self._empty(other)
+                        _, cost_j = self._without(other, j)
                         both = self.cost[node] + self.cost[other]
                         # Adding never costs less than nothing: only a gain here can pay.
                         if cost_i + cost_j > both - _STEP:
