@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import yaml
 
-from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
+from migpart.api.models import MigInstanceStatus, MigNodeStatus
 from migpart.controller.reconcile import Cluster, PolicyRound, scope_of
 from migpart.controller.state import FRESH_S, OperatorState
 from migpart.kube.claims import (
@@ -20,10 +20,9 @@ from migpart.kube.claims import (
     prepared_claims,
 )
 from migpart.kube.placement import NodeFacts
-from migpart.mig import builtin_table
+from tests.unit.kube.factories import gpu
 
 ROOT = Path(__file__).resolve().parents[3]
-H100 = "NVIDIA H100 80GB HBM3"
 DRIVER = "mig.migpart.io"
 
 
@@ -72,22 +71,12 @@ def claim(name: str, *, uid: str = "", allocated_to: str | None = None) -> dict[
 
 
 def mignode(name: str, instances: list[MigInstanceStatus]) -> dict[str, Any]:
-    table = builtin_table(H100)
-    gpu = GpuStatus(
-        index=0,
-        uuid="GPU-0",
-        model=H100,
-        mig_enabled=True,
-        compute_slices=table.compute_slices,
-        memory_slices=table.memory_slices,
-        profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
-        instances=instances,
-    )
+    status = MigNodeStatus(gpus=[gpu(0).model_copy(update={"instances": instances})])
     return {
         "apiVersion": "migpart.io/v1alpha1",
         "kind": "MigNode",
         "metadata": {"name": name, "labels": {"pool": "a"}},
-        "status": MigNodeStatus(gpus=[gpu]).model_dump(by_alias=True, mode="json"),
+        "status": status.model_dump(by_alias=True, mode="json"),
     }
 
 

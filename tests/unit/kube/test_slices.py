@@ -10,36 +10,14 @@ from migpart.api.models import (
     GpuSpec,
     GpuStatus,
     MigInstanceSpec,
-    MigInstanceStatus,
     MigNode,
     MigNodeSpec,
     MigNodeStatus,
-    ProfileInfo,
 )
 from migpart.kube.cel import device_from_slice, virtual_device
 from migpart.kube.slices import devices_digest, instance_device, slice_devices
 from migpart.mig import builtin_table
-
-H100 = "NVIDIA H100 80GB HBM3"
-
-
-def gpu(
-    index: int, *instances: tuple[str, int, str], model: str = H100, mig: bool = True
-) -> GpuStatus:
-    table = builtin_table(model)
-    return GpuStatus(
-        index=index,
-        uuid=f"GPU-{index}",
-        model=model,
-        mig_enabled=mig,
-        compute_slices=table.compute_slices,
-        memory_slices=table.memory_slices,
-        profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
-        instances=[
-            MigInstanceStatus(profile=p, start=s, uuid=f"MIG-{index}-{p}-{s}", state=state)
-            for p, s, state in instances
-        ],
-    )
+from tests.unit.kube.factories import H100, gpu
 
 
 def node(gpus: list[GpuStatus], spec: dict[int, list[tuple[str, int]]] | None = None) -> MigNode:
