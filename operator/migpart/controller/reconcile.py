@@ -35,7 +35,7 @@ from migpart.api.models import (
     MigNode,
     MigNodeSpec,
 )
-from migpart.controller.state import FRESH_S, JournalEntry, OperatorState
+from migpart.controller.state import FRESH_S, JournalEntry, OperatorState, Sighting
 from migpart.kube import demand
 from migpart.kube.claims import (
     AllocatedDevice,
@@ -132,7 +132,7 @@ def parse_policy(body: Body) -> GpuPartitionPolicy:
     )
 
 
-def policy_uid(body: Body) -> str:
+def uid_of(body: Body) -> str:
     return str((body.get("metadata") or {}).get("uid") or "")
 
 
@@ -145,7 +145,7 @@ def previous_status(
     The body can lag our last write; building on it would take `lastPlan` and the conditions'
     transition times back to an older round.
     """
-    if written is not None and written[0] == policy_uid(body):
+    if written is not None and written[0] == uid_of(body):
         source: Any = written[1]
     else:
         source = body.get("status") or {}
@@ -435,29 +435,28 @@ class PolicyRound:
         first = self.state.first_pending.setdefault(self.name, time.monotonic())
         return time.monotonic() - first >= policy.spec.reconfiguration.batch_window_seconds
 
+    def fresh(self) -> dict[str, Sighting]:
+        """The quorum read's sightings the claim index has not caught up with yet (those it
+        has, and stale ones, are forgotten here)."""
+        caught_up = {uid_of(c) for c in self.cluster.claims.values() if is_allocated(c)}
+        fresh = self.state.fresh_allocations
+        for uid in [u for u, s in fresh.items() if u in caught_up or _stale(s.seen)]:
+            del fresh[uid]
+        return fresh
+
     def allocated(self) -> frozenset[AllocatedDevice]:
         indexed = all_allocated(self.cluster.claims.values())
-        # the quorum read saw these first; once the watch shows them, the index suffices
-        fresh = self.state.fresh_allocations
-        for device in [d for d, seen in fresh.items() if d in indexed or _stale(seen)]:
-            del fresh[device]
-        return indexed | frozenset(fresh)
+        return indexed.union(*(s.devices for s in self.fresh().values()))
 
     def fresh_claims(self) -> frozenset[str]:
         """Keys of the claims the quorum read saw allocated while the index still shows them
-        unallocated (forgotten once the index shows the allocation)."""
-        lagging: dict[str, str] = {}
-        caught_up: set[str] = set()
-        for claim in self.cluster.claims.values():
-            uid = str((claim.get("metadata") or {}).get("uid"))
-            if is_allocated(claim):
-                caught_up.add(uid)
-            else:
-                lagging[uid] = body_key(claim)
-        fresh = self.state.fresh_claims
-        for uid in [u for u, seen in fresh.items() if u in caught_up or _stale(seen)]:
-            del fresh[uid]
-        return frozenset(lagging[uid] for uid in fresh if uid in lagging)
+        unallocated (by uid: a claim made again under the same name is not one of them)."""
+        fresh = self.fresh()
+        return frozenset(
+            body_key(c)
+            for c in self.cluster.claims.values()
+            if not is_allocated(c) and uid_of(c) in fresh
+        )
 
     async def plan_and_apply(
         self, policy: GpuPartitionPolicy, scope: Scope
@@ -565,14 +564,10 @@ class PolicyRound:
         if hit:
             kept = frozenset(d.device for d in hit)
             now = time.monotonic()
-            self.state.fresh_allocations.update(dict.fromkeys(hit, now))
-            self.state.fresh_claims.update(
-                {
-                    str((claim.get("metadata") or {}).get("uid")): now
-                    for claim in claims
-                    if allocated_devices(claim) & hit
-                }
-            )
+            for claim in claims:
+                devices = allocated_devices(claim) & hit
+                if devices:
+                    self.state.fresh_allocations[uid_of(claim)] = Sighting(devices, now)
             await self.state.publisher.restore(name, kept)
             self.state.metrics.devices_kept.inc(len(kept))
             self.state.hooks.record(JournalEntry("kept", name, kept))
@@ -634,7 +629,7 @@ class PolicyRound:
             conditions=[ready, *(c for c in previous.conditions if c.type != "Ready")],
         )
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        written = (policy_uid(self.body), dumped)
+        written = (uid_of(self.body), dumped)
         if self.state.statuses.get(self.name) == written:
             return
         await patch_policy_status(self.state.api, self.name, status)
@@ -655,5 +650,5 @@ async def report_invalid(
     )
     await patch_policy_status(state.api, name, status)
     dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-    state.statuses[name] = (policy_uid(body), dumped)
+    state.statuses[name] = (uid_of(body), dumped)
     return message

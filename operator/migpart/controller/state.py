@@ -30,6 +30,14 @@ WithdrawHook = Callable[[str, frozenset[str]], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
+class Sighting:
+    """A claim's allocation seen by a quorum read: its devices, and when (monotonic)."""
+
+    devices: frozenset[AllocatedDevice]
+    seen: float
+
+
+@dataclass(frozen=True, slots=True)
 class JournalEntry:
     """One observable step of the operator (destroy protocol, spec writes, slice writes)."""
 
@@ -62,11 +70,10 @@ class OperatorState:
     first_pending: dict[str, float] = field(default_factory=dict)
     # (claim uid, generation) already told that nothing can satisfy it
     warned: set[tuple[str, int]] = field(default_factory=set)
-    # allocations seen by the destroy protocol's quorum read before the claim watch shows them
-    # (device -> monotonic time seen; forgotten once indexed, or after FRESH_S)
-    fresh_allocations: dict[AllocatedDevice, float] = field(default_factory=dict)
-    # uids of the claims those allocations belong to (not pending, whatever the index says)
-    fresh_claims: dict[str, float] = field(default_factory=dict)
+    # claim uid -> its allocation as the destroy protocol's quorum read saw it before the claim
+    # watch showed it: its devices are used and the claim is not pending, whatever the index
+    # says (forgotten once the index shows the claim allocated, or after FRESH_S)
+    fresh_allocations: dict[str, Sighting] = field(default_factory=dict)
     # policy name -> what the last DryRun report said (to report each decision once)
     dry_reports: dict[str, str] = field(default_factory=dict)
     # policy name -> (uid, the status last written): to write only changes, and to build the

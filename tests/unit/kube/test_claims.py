@@ -10,7 +10,7 @@ import yaml
 
 from migpart.api.models import MigInstanceStatus, MigNodeStatus
 from migpart.controller.reconcile import Cluster, PolicyRound, scope_of
-from migpart.controller.state import FRESH_S, OperatorState
+from migpart.controller.state import FRESH_S, OperatorState, Sighting
 from migpart.kube.claims import (
     AllocatedDevice,
     allocated_devices,
@@ -174,17 +174,18 @@ def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
         api=cast(Any, None), credentials=cast(Any, None), publisher=cast(Any, None)
     )
     now, long_ago = time.monotonic(), time.monotonic() - FRESH_S - 1
-    state.fresh_claims = {
-        "uid-lagging": now,  # the index still shows it unallocated: not pending
-        "uid-caught-up": now,  # the index shows the allocation now: forgotten
-        "uid-unseen": now,  # not in the index yet: kept, and no key to report
-        "uid-deleted": long_ago,  # never shown, e.g. deleted meanwhile: forgotten in time
-    }
-    kept_device = AllocatedDevice("n1", "gpu-0-1g10gb-0")
+    lagging_device = AllocatedDevice("n1", "gpu-0-1g10gb-0")
+    indexed_device = AllocatedDevice("n1", "gpu-0-3g40gb-0")
+    stale_device = AllocatedDevice("n1", "gpu-0-7g80gb-0")
     state.fresh_allocations = {
-        AllocatedDevice("n1", "gpu-0-3g40gb-0"): now,  # indexed now: the index suffices
-        kept_device: now,
-        AllocatedDevice("n1", "gpu-0-7g80gb-0"): long_ago,
+        # the index still shows it unallocated: not pending, its device used
+        "uid-lagging": Sighting(frozenset({lagging_device}), now),
+        # the index shows the allocation now: forgotten, the index suffices
+        "uid-caught-up": Sighting(frozenset({indexed_device}), now),
+        # not in the index yet: kept, and no key to report
+        "uid-unseen": Sighting(frozenset(), now),
+        # never shown, e.g. deleted meanwhile: forgotten in time, its device no longer used
+        "uid-deleted": Sighting(frozenset({stale_device}), long_ago),
     }
     claims = [
         claim("lagging"),
@@ -194,6 +195,5 @@ def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
     cluster = cluster_with(mignode("n1", []), claims)
     round_ = PolicyRound(state, "p", cluster.policies["p"], cluster)
     assert round_.fresh_claims() == {"team-a/lagging"}
-    assert set(state.fresh_claims) == {"uid-lagging", "uid-unseen"}
-    assert round_.allocated() == {AllocatedDevice("n1", "gpu-0-3g40gb-0"), kept_device}
-    assert set(state.fresh_allocations) == {kept_device}
+    assert set(state.fresh_allocations) == {"uid-lagging", "uid-unseen"}
+    assert round_.allocated() == {indexed_device, lagging_device}
