@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import copy
 import functools
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -24,14 +25,8 @@ from pydantic import ValidationError
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, MigNode
 from migpart.controller.errors import Outcome, kopf_errors, survive
 from migpart.controller.metrics import Metrics
-from migpart.controller.reconcile import (
-    Cluster,
-    PolicyRound,
-    as_body,
-    parse_policy,
-    report_invalid,
-    strip,
-)
+from migpart.controller.reconcile import PolicyRound, as_body, report_invalid
+from migpart.controller.scope import Cluster, parse_policy, strip
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.controller.workers import Signals
 from migpart.errors import MigpartError
@@ -56,6 +51,9 @@ INDEXES = (
 )
 # How long a woken planning loop waits before its round (see plan_policy).
 SETTLE_S = 0.02
+# A loop runs a round at least this often even when nothing it watches changed (a safety net,
+# and what ends a quorum-read sighting that the claim watch never confirmed).
+FULL_ROUND_S = 30.0
 
 
 def _state(memo: Any) -> OperatorState:
@@ -197,11 +195,14 @@ def build_registry(
 
     @kopf.index("v1", "pods", registry=registry, id="waiting_index")
     async def waiting_index(body: kopf.Body, memo: Any, **_: Any) -> Any:
+        claims = pod_claim_keys(body)
+        if not claims:
+            return None
+        _state(memo).wake_all()  # also when it stops waiting: the claim may be served
         if not pod_unschedulable(body):
             return None
-        _state(memo).wake_all()
         placement = pod_placement(body)
-        return {key: placement for key in pod_claim_keys(body)}
+        return {key: placement for key in claims}
 
     @kopf.index(GROUP, VERSION, MIGNODE_PLURAL, registry=registry, id="mignodes_index")
     async def mignodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
@@ -220,7 +221,8 @@ def build_registry(
         return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
 
     @kopf.index(*RESOURCE, "deviceclasses", registry=registry, id="classes_index")
-    async def classes_index(name: str, body: kopf.Body, **_: Any) -> Any:
+    async def classes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
+        _state(memo).wake_all()
         return {name: _plain(body, ("metadata", "spec"))}
 
     # ------------------------------------------------------------------ slices
@@ -278,24 +280,35 @@ def _plannable(body: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
 
 
 async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None:
-    """The planning loop of one policy (run by `state.workers`): plan whenever something it
-    watches changed, or each tick (which is when batch windows end); every round recomputes
-    from the indexes. Ends when stopped (the policy's DELETED event, or the operator's exit)."""
+    """The planning loop of one policy (run by `state.workers`): a round whenever something it
+    watches changed, when a held-back plan is due (batch window, pacing), after a failure's
+    retry delay, and every FULL_ROUND_S regardless; every round recomputes from the indexes
+    (through the shared scope cache). Ends when stopped (the policy's DELETED event, or the
+    operator's exit)."""
     wake, stopped = signals.wake, signals.stopped
     reported: str | None = None  # the failure last told in an Event, while it lasts
+    seen = -1  # state.changes when the last round began
+    again = True  # the last round wants another one even if nothing changes
+    last_round = 0.0
     try:
         while not stopped.is_set():
             wake.clear()
             assert state.indexes is not None  # set before the first worker starts
-            body = _flatten(state.indexes["policies_index"]).get(name)
             wait = state.tick_s
-            if _plannable(body):
-                round_ = PolicyRound(state, name, body, cluster_from(state.indexes))
-                outcome = await survive(round_.run, state.tick_s)
-                wait = outcome.wait
-                if outcome.failure is not None:
-                    report_failure(state, name, body, outcome, tell=outcome.failure != reported)
-                reported = outcome.failure
+            if again or seen != state.changes or time.monotonic() - last_round > FULL_ROUND_S:
+                seen, last_round = state.changes, time.monotonic()
+                body = _flatten(state.indexes["policies_index"]).get(name)
+                again = False
+                if _plannable(body):
+                    round_ = PolicyRound(state, name, body, cluster_from(state.indexes))
+                    outcome = await survive(round_.run, state.tick_s)
+                    wait = outcome.wait
+                    again = round_.deferred or outcome.failure is not None
+                    if round_.deferred and outcome.failure is None:
+                        wait = min(wait, max(round_.retry_in_s, SETTLE_S))
+                    if outcome.failure is not None:
+                        report_failure(state, name, body, outcome, tell=outcome.failure != reported)
+                    reported = outcome.failure
             if stopped.is_set():
                 return
             with contextlib.suppress(TimeoutError):

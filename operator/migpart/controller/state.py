@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from migpart.controller.metrics import Metrics
+from migpart.controller.scope import ScopeCache
 from migpart.controller.workers import Workers
 from migpart.kube.claims import AllocatedDevice
 from migpart.kube.client import Credentials
@@ -35,6 +36,14 @@ class Sighting:
 
     devices: frozenset[AllocatedDevice]
     seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTiming:
+    """When a policy last planned (monotonic) and what the snapshot and plan cost."""
+
+    at: float
+    cost_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +77,10 @@ class OperatorState:
     withdraw_grace_s: float = 1.0
     # policy name -> monotonic time its oldest pending request was first seen
     first_pending: dict[str, float] = field(default_factory=dict)
+    # policy name -> its last plan (to pace planning under a stream of changes)
+    last_plans: dict[str, PlanTiming] = field(default_factory=dict)
+    # bumped on every change the indexes see: a loop skips a round when nothing changed
+    changes: int = 0
     # (claim uid, generation) already told that nothing can satisfy it
     warned: set[tuple[str, int]] = field(default_factory=set)
     # claim uid -> its allocation as the destroy protocol's quorum read saw it before the claim
@@ -81,6 +94,8 @@ class OperatorState:
     statuses: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     # MigNode name -> the body our last spec patch returned, until the watch shows it
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # parsed objects and per-claim outcomes, shared by every policy's rounds (scope.py)
+    scopes: ScopeCache = field(default_factory=ScopeCache)
     # one planning loop per policy (handlers.plan_policy)
     workers: Workers = field(default_factory=Workers)
     # kopf's live index views (id -> index), kept from the first policy event for the loops
@@ -89,4 +104,5 @@ class OperatorState:
     resync: asyncio.Task[None] | None = None
 
     def wake_all(self) -> None:
+        self.changes += 1
         self.workers.wake_all()

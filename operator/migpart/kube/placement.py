@@ -49,7 +49,9 @@ def node_facts(body: Body) -> dict[str, Any]:
 
 
 def pod_placement(pod: Body) -> dict[str, Any]:
-    """The parts of a pod's spec that restrict its node, as plain data for an index."""
+    """The parts of a pod's spec that restrict its node, as plain data for an index, and its
+    priority (`spec.priority`, set from its PriorityClass at admission), which becomes the
+    priority of the planner requests of the claims it waits for."""
     spec = pod.get("spec") or {}
     affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
     required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
@@ -58,6 +60,7 @@ def pod_placement(pod: Body) -> dict[str, Any]:
         "nodeSelector": dict(spec.get("nodeSelector") or {}),
         "terms": [dict(t) for t in required.get("nodeSelectorTerms") or []],
         "tolerations": [dict(t) for t in spec.get("tolerations") or []],
+        "priority": int(spec.get("priority") or 0),
     }
 
 
@@ -141,7 +144,11 @@ class NodeFilter:
         placements = list(placements)
         if not self.tainted and all(_unconstrained(p) for p in placements):
             return None
-        key = json.dumps(placements, sort_keys=True, default=str)
+        key = json.dumps(
+            [{k: v for k, v in p.items() if k != "priority"} for p in placements],
+            sort_keys=True,
+            default=str,
+        )
         if key not in self._cache:
             self._cache[key] = frozenset(
                 name

@@ -205,6 +205,10 @@ class SlicePublisher:
         self._nodes.pop(name, None)
         self._withdrawn.pop(name, None)
 
+    def withdrawing(self) -> list[str]:
+        """The nodes that have devices withdrawn."""
+        return sorted(n for n, devices in self._withdrawn.items() if devices)
+
     def withdrawn(self, name: str) -> frozenset[str]:
         return frozenset(self._withdrawn.get(name, set()))
 

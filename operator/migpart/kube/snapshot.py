@@ -10,7 +10,7 @@ prepares).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from migpart.api.models import GpuStatus, MigNode
 from migpart.kube.claims import AllocatedDevice
@@ -45,11 +45,16 @@ def gpu_state(
     return GpuState(node=name, index=gpu.index, model=gpu.model, instances=instances)
 
 
-def build_snapshot(nodes: Iterable[MigNode], allocated: frozenset[AllocatedDevice]) -> Snapshot:
+def build_snapshot(
+    nodes: Iterable[MigNode],
+    allocated: frozenset[AllocatedDevice],
+    known_tables: Mapping[str, ModelTable] | None = None,
+) -> Snapshot:
     """The planner's view of `nodes`; GPUs without MIG mode or nodes without status are left
-    out (nothing can be planned on them)."""
+    out (nothing can be planned on them). `known_tables`: the models' profile tables as the
+    caller already built them from these nodes (else built here from each GPU's status)."""
     states: list[NodeState] = []
-    tables: dict[str, ModelTable] = {}
+    tables: dict[str, ModelTable] = dict(known_tables or {})
     for node in sorted(nodes, key=node_name):
         if node.status is None:
             continue
@@ -61,7 +66,7 @@ def build_snapshot(nodes: Iterable[MigNode], allocated: frozenset[AllocatedDevic
         for gpu in sorted(node.status.gpus, key=lambda g: g.index):
             if not gpu.mig_enabled:
                 continue
-            if gpu.profiles:
+            if gpu.profiles and gpu.model not in tables:
                 tables[gpu.model] = gpu.table()
             gpus.append(gpu_state(name, gpu, planned.get(gpu.index), allocated))
         if gpus:

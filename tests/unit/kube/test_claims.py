@@ -9,7 +9,8 @@ from typing import Any, cast
 import yaml
 
 from migpart.api.models import MigInstanceStatus, MigNodeStatus
-from migpart.controller.reconcile import Cluster, PolicyRound, scope_of
+from migpart.controller.reconcile import PolicyRound
+from migpart.controller.scope import Cluster, scope_of
 from migpart.controller.state import FRESH_S, OperatorState, Sighting
 from migpart.kube.claims import (
     AllocatedDevice,

@@ -1,0 +1,200 @@
+"""The operator's round, in process: scoping (which nodes and claims each policy sees, the
+demand of every pending claim) and planning, at cluster sizes the testbed cannot host quickly.
+
+No API server: the cluster is built as the operator's indexes hold it (plain bodies), with N
+nodes x 8 empty H100s split between two policies (pool a and pool b), 2 x N pending claims
+(profiles 1g.10gb..7g.80gb, some multi-device, some same-GPU, some pods with a node selector
+on a zone label), and one DeviceClass. For each size it times, per policy:
+
+- the first round (cold caches: every MigNode and claim is new to the operator),
+- a repeated round with nothing changed (what an idle or batching operator pays per wake-up),
+- a round after 1 % of the claims changed,
+- the planner on the round's scope.
+
+Run: `.venv/bin/python bench/round.py [--sizes 100,300,1000]`. The end-to-end figures, with
+the real API server, scheduler and agents, are bench/scale.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+from migpart.api.models import GpuStatus, MigNode, MigNodeStatus, ProfileInfo
+from migpart.controller.scope import Cluster, ScopeCache, scope_of
+from migpart.kube.placement import NodeFacts
+from migpart.kube.snapshot import build_snapshot
+from migpart.mig import builtin_table
+from migpart.planning.planner import plan
+
+H100 = "NVIDIA H100 80GB HBM3"
+PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+CLASS = {
+    "metadata": {"name": "mig.migpart.io"},
+    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mig.migpart.io"'}}]},
+}
+
+
+def mignode(name: str, labels: dict[str, str], revision: int) -> dict[str, Any]:
+    table = builtin_table(H100)
+    gpus = [
+        GpuStatus(
+            index=i,
+            uuid=f"GPU-{name}-{i}",
+            model=H100,
+            mig_enabled=True,
+            compute_slices=table.compute_slices,
+            memory_slices=table.memory_slices,
+            profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
+            instances=[],
+        )
+        for i in range(8)
+    ]
+    node = MigNode(
+        metadata={"name": name, "labels": labels, "resourceVersion": str(revision)},
+        status=MigNodeStatus(gpus=gpus),
+    )
+    return node.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def policy(name: str, pool: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "migpart.io/v1alpha1",
+        "kind": "GpuPartitionPolicy",
+        "metadata": {"name": name, "resourceVersion": "1", "generation": 1, "uid": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"pool": pool}},
+            "reconfiguration": {"batchWindowSeconds": 1, "maxConcurrentNodes": 1000},
+        },
+    }
+
+
+def claim(i: int, rng: random.Random, revision: int) -> dict[str, Any]:
+    profile = rng.choice(PROFILES)
+    selector = f'device.attributes["mig.migpart.io"].profile == "{profile}"'
+    exactly: dict[str, Any] = {
+        "deviceClassName": "mig.migpart.io",
+        "selectors": [{"cel": {"expression": selector}}],
+    }
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    kind = rng.random()
+    if kind < 0.1:
+        exactly["count"] = 2
+    elif kind < 0.2:
+        exactly["count"] = 2
+        exactly["selectors"] = [
+            {"cel": {"expression": 'device.attributes["mig.migpart.io"].profile == "1g.10gb"'}}
+        ]
+        devices["constraints"] = [{"matchAttribute": "mig.migpart.io/parentUUID"}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": f"c{i}",
+            "namespace": "scale",
+            "uid": f"uid-{i}",
+            "resourceVersion": str(revision),
+        },
+        "spec": {"devices": devices},
+    }
+
+
+def cluster(nodes: int, rng: random.Random) -> Cluster:
+    mignodes: dict[str, Any] = {}
+    facts: dict[str, NodeFacts] = {}
+    for n in range(nodes):
+        name = f"node-{n:04d}"
+        labels = {"pool": "a" if n % 2 == 0 else "b", "zone": f"z{n % 4}"}
+        mignodes[name] = mignode(name, labels, n + 1)
+        facts[name] = NodeFacts(labels, ())
+    claims: dict[str, Any] = {}
+    waiting: dict[str, tuple[dict[str, Any], ...]] = {}
+    for i in range(2 * nodes):
+        body = claim(i, rng, 10_000 + i)
+        key = f"scale/c{i}"
+        claims[key] = body
+        selector: dict[str, str] = {"pool": "a" if i % 2 == 0 else "b"}
+        if i % 5 == 0:
+            selector["zone"] = f"z{(i // 5) % 4}"
+        placement = {"nodeName": "", "nodeSelector": selector, "terms": [], "tolerations": []}
+        waiting[key] = (placement,)
+    return Cluster(
+        mignodes=mignodes,
+        node_labels={k: dict(v.labels) for k, v in facts.items()},
+        policies={"pool-a": policy("pool-a", "a"), "pool-b": policy("pool-b", "b")},
+        claims=claims,
+        waiting=waiting,
+        device_classes={"mig.migpart.io": CLASS},
+        node_facts=facts,
+    )
+
+
+def touched(base: Cluster, share: float, rng: random.Random) -> Cluster:
+    """The cluster with `share` of its claims at a new revision."""
+    claims = dict(base.claims)
+    for key in rng.sample(sorted(claims), max(1, int(len(claims) * share))):
+        body = dict(claims[key])
+        meta = dict(body["metadata"])
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 100_000)
+        body["metadata"] = meta
+        claims[key] = body
+    return Cluster(
+        mignodes=base.mignodes,
+        node_labels=base.node_labels,
+        policies=base.policies,
+        claims=claims,
+        waiting=base.waiting,
+        device_classes=base.device_classes,
+        node_facts=base.node_facts,
+    )
+
+
+def timed(fn: Any) -> tuple[float, Any]:
+    started = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - started, out
+
+
+def one_size(nodes: int, repeats: int) -> None:
+    rng = random.Random(nodes)
+    base = cluster(nodes, rng)
+    cache = ScopeCache()
+    policies = ("pool-a", "pool-b")
+    cold = sum(timed(lambda p=p: scope_of(p, base, cache=cache))[0] for p in policies)
+    warm = statistics.median(
+        sum(timed(lambda p=p: scope_of(p, base, cache=cache))[0] for p in policies)
+        for _ in range(repeats)
+    )
+    changed = touched(base, 0.01, rng)
+    delta = sum(timed(lambda p=p: scope_of(p, changed, cache=cache))[0] for p in policies)
+    planning = 0.0
+    requests = 0
+    for p in policies:
+        scope = scope_of(p, changed, cache=cache)
+        assert scope is not None
+        requests += len(scope.demand.requests)
+        snapshot = build_snapshot(scope.nodes, frozenset())
+        planning += timed(lambda s=snapshot, r=scope.demand.requests: plan(s, r))[0]
+    print(
+        f"nodes {nodes} gpus {nodes * 8} claims {2 * nodes} (requests {requests}): "
+        f"scope cold {cold:.3f} s, unchanged {warm * 1000:.1f} ms, 1 % changed "
+        f"{delta * 1000:.1f} ms, plan {planning:.3f} s (both policies)"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="100,300,1000")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    for size in (int(s) for s in args.sizes.split(",")):
+        one_size(size, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
