@@ -157,9 +157,11 @@ def pending_pod(
     namespace: str,
     claim: str,
     node_selector: dict[str, str] | None = None,
+    priority_class: str | None = None,
 ) -> None:
     """A pod using `claim`, left to a scheduler that does not exist, then marked
     Unschedulable the way kube-scheduler marks it."""
+    extra = {"priorityClassName": priority_class} if priority_class else {}
     apply(
         bed,
         {
@@ -169,6 +171,7 @@ def pending_pod(
             "spec": {
                 "nodeSelector": node_selector or {},
                 "schedulerName": "migpart-test-no-scheduler",
+                **extra,
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
                 "containers": [
                     {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}

@@ -203,3 +203,46 @@ def test_claim_is_planned_only_where_its_pod_may_run(
     assert [i["profile"] for i in spec["gpus"][0]["instances"]] == ["2g.20gb"]
     assert not (get(cluster, "mignode", "place-a1").get("spec") or {}).get("planId")
     assert not [e for e in operator.steps("place-a1") if e.step == "spec_written"]
+
+
+def test_under_shortage_the_higher_priority_pod_is_planned_first(
+    cluster: Testbed, operator: RunningOperator
+) -> None:
+    """One GPU, two pods in one batch window: a 4g.40gb one (normal priority) and a 7g.80gb
+    one whose PriorityClass is higher. Smallest-first alone would cut the 4g.40gb; the pod's
+    priority must win the GPU instead."""
+    node = "prio-a"
+    cluster.add_node(node, {"migpart-test": "prio"})
+    put_mignode(cluster, node, [gpu_status(0, [])])
+    apply(
+        cluster,
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "migpart-test-high"},
+            "value": 100000,
+        },
+    )
+    apply(cluster, claim_body("claim-low", "default", PROFILE_IS.format("4g.40gb")))
+    apply(cluster, claim_body("claim-high", "default", PROFILE_IS.format("7g.80gb")))
+    pending_pod(cluster, "pod-low", "default", "claim-low")
+    pending_pod(cluster, "pod-high", "default", "claim-high", priority_class="migpart-test-high")
+    apply(
+        cluster,
+        policy_body(
+            "policy-prio", {"migpart-test": "prio"}, reconfiguration={"batchWindowSeconds": 2}
+        ),
+    )
+
+    def planned() -> list[dict[str, Any]]:
+        spec = get(cluster, "mignode", node).get("spec") or {}
+        assert spec.get("planId")
+        instances: list[dict[str, Any]] = spec["gpus"][0]["instances"]
+        return instances
+
+    assert eventually(planned) == [{"profile": "7g.80gb", "start": 0}]
+    status = eventually(
+        lambda: (get(cluster, "gpupartitionpolicy", "policy-prio").get("status") or {})["lastPlan"]
+    )
+    assert (status["satisfied"], status["unsatisfied"]) == (1, 1)
+    cluster.kubectl("delete", "priorityclass", "migpart-test-high", "--ignore-not-found")

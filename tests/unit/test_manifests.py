@@ -75,7 +75,9 @@ OPERATOR_NEEDS = {
     ("", "nodes", "watch"),
     ("resource.k8s.io", "deviceclasses", "list"),
     ("resource.k8s.io", "deviceclasses", "watch"),
-    # SlicePublisher._get / create / replace
+    # handlers.slice_changed (kopf watch); SlicePublisher._read / create / replace
+    ("resource.k8s.io", "resourceslices", "list"),
+    ("resource.k8s.io", "resourceslices", "watch"),
     ("resource.k8s.io", "resourceslices", "get"),
     ("resource.k8s.io", "resourceslices", "create"),
     ("resource.k8s.io", "resourceslices", "update"),

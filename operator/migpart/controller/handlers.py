@@ -38,7 +38,8 @@ from migpart.kube.slices import Published, SlicePublisher
 log = structlog.get_logger(__name__)
 
 RESOURCE = ("resource.k8s.io", "v1")
-# A MigNode's slice is written on every MigNode event, and again every period (resync_slices).
+# A MigNode's slice is written on every MigNode event, on its deletion, and checked every period
+# (resync_slices).
 SLICE_RESYNC_S = 30.0
 # The kopf indexes (their ids), which every round reads.
 INDEXES = (
@@ -94,7 +95,8 @@ def cluster_from(indexes: Mapping[str, Any]) -> Cluster:
 
 async def resync_slices(publisher: SlicePublisher, period_s: float = SLICE_RESYNC_S) -> None:
     """Publish every known node's slice again each period: repairs a write that failed (event
-    handlers are not retried) and costs one GET per node (a write only if something changed).
+    handlers are not retried). The publisher knows each slice from the watch, so this costs no
+    request for a slice that is as it should be.
 
     One loop for all nodes instead of a kopf timer per MigNode: a timer makes kopf put its
     finalizer on every MigNode, which then cannot be deleted while the operator is down.
@@ -246,6 +248,26 @@ def build_registry(
             _state(memo).publisher.forget(name)
             return
         await publish(name, body, memo)
+
+    @kopf.on.event(
+        *RESOURCE,
+        "resourceslices",
+        registry=registry,
+        labels={"app.kubernetes.io/managed-by": "migpart"},
+    )
+    async def slice_changed(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+        """The publisher's view of our slices comes from here, not from GETs; a slice deleted
+        under a known node (by hand, or by a kubelet wiping its node's slices) is written
+        again at once."""
+        publisher = _state(memo).publisher
+        if type != "DELETED":
+            publisher.observe_slice(body)
+            return
+        node = publisher.slice_deleted(body)
+        if node is not None and node in publisher.nodes():
+            log.info("resource_slice_deleted", node=node)
+            with kopf_errors():
+                await publisher.publish(node)
 
     # ------------------------------------------------------------------ policies
 

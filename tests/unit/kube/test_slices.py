@@ -3,6 +3,8 @@ against (the planner's virtual device), for every profile of the real H100 and H
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 
 from migpart.api.models import (
@@ -15,7 +17,13 @@ from migpart.api.models import (
     MigNodeStatus,
 )
 from migpart.kube.cel import device_from_slice, virtual_device
-from migpart.kube.slices import devices_digest, instance_device, slice_devices
+from migpart.kube.slices import (
+    SlicePublisher,
+    devices_digest,
+    instance_device,
+    slice_body,
+    slice_devices,
+)
 from migpart.mig import builtin_table
 from tests.unit.kube.factories import H100, gpu
 
@@ -98,3 +106,39 @@ def test_an_instance_of_a_profile_the_table_lacks_is_published_without_capacity(
     device = instance_device(status, status.instances[0])
     assert device["attributes"]["profile"] == {"string": "1g.10gb"}
     assert device["capacity"] == {}
+
+
+def watched(node: str, generation: int, revision: int) -> dict[str, Any]:
+    body = slice_body(node, [], generation)
+    body["metadata"]["resourceVersion"] = str(revision)
+    return body
+
+
+def test_the_publisher_keeps_the_newest_slice_it_has_seen() -> None:
+    publisher = SlicePublisher(cast(Any, None))
+    assert publisher.observe_slice(watched("n1", 3, 30)) == "n1"
+    publisher.observe_slice(watched("n1", 2, 20))  # an older event arriving late
+    assert publisher._slices["n1"].generation == 3
+    publisher.observe_slice(watched("n1", 4, 40))
+    assert publisher._slices["n1"].generation == 4
+
+
+def test_other_drivers_slices_are_not_ours() -> None:
+    publisher = SlicePublisher(cast(Any, None))
+    theirs = watched("n1", 1, 10)
+    theirs["spec"]["driver"] = "gpu.nvidia.com"
+    assert publisher.observe_slice(theirs) is None
+    renamed = watched("n1", 1, 10)
+    renamed["metadata"]["name"] = "n1-something-else"
+    assert publisher.observe_slice(renamed) is None
+    assert publisher._slices == {}
+
+
+def test_a_deleted_slice_is_forgotten_unless_we_wrote_a_newer_one() -> None:
+    publisher = SlicePublisher(cast(Any, None))
+    publisher.observe_slice(watched("n1", 2, 20))
+    assert publisher.slice_deleted(watched("n1", 2, 20)) == "n1"
+    assert "n1" not in publisher._slices
+    publisher.observe_slice(watched("n1", 1, 50))  # written again since
+    assert publisher.slice_deleted(watched("n1", 2, 20)) is None
+    assert publisher._slices["n1"].resource_version == "50"
