@@ -22,11 +22,11 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, MigNode
+from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.controller.errors import Outcome, kopf_errors, survive
 from migpart.controller.metrics import Metrics
 from migpart.controller.reconcile import PolicyRound, as_body, report_invalid
-from migpart.controller.scope import Cluster, parse_policy, strip
+from migpart.controller.scope import Cluster, parse_policy
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.controller.workers import Signals
 from migpart.errors import MigpartError
@@ -231,12 +231,10 @@ def build_registry(
 
     async def publish(name: str, body: Mapping[str, Any], memo: Any) -> None:
         state = _state(memo)
-        try:
-            node = MigNode.model_validate(strip(body))
-        except ValidationError as error:
-            log.warning("mignode_invalid", node=name, error=str(error.errors()[0]))
-            return
-        state.publisher.observe(node)
+        view = state.scopes.node(name, body)  # parsed once per resourceVersion, for both
+        if view is None:
+            return  # logged by the cache
+        state.publisher.observe(view.node)
         with kopf_errors():
             await state.publisher.publish(name)
 

@@ -212,8 +212,9 @@ class ScopeCache:
     def _view(self, body: Body) -> NodeView | None:
         try:
             node = MigNode.model_validate(strip(body))
-        except ValidationError:
-            log.warning("mignode_invalid", node=(body.get("metadata") or {}).get("name"))
+        except ValidationError as error:
+            name = (body.get("metadata") or {}).get("name")
+            log.warning("mignode_invalid", node=name, error=str(error.errors()[0]))
             return None
         models: set[str] = set()
         tables: dict[str, ModelTable] = {}
