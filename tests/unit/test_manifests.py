@@ -512,10 +512,11 @@ def test_docs_name_only_real_metrics(path: Path) -> None:
 
 
 def emitted_event_reasons() -> set[str]:
-    """Event reasons the operator posts (kopf.event(..., reason="...") in migpart.controller)."""
+    """Event reasons the operator posts: `effects.event(body, type, reason, message)` calls in
+    migpart.controller (the Effects port is the one way events are posted)."""
     source = "".join(p.read_text() for p in (ROOT / "operator/migpart/controller").glob("*.py"))
-    calls = re.split(r"\bkopf\.event\(", source)[1:]
-    found = (re.match(r"[^;]*?\breason=\"(\w+)\"", call, re.S) for call in calls)
+    calls = re.split(r"\beffects\.event\(", source)[1:]
+    found = (re.match(r"[^,]+,\s*\"(?:Normal|Warning)\",\s*\"(\w+)\"", call) for call in calls)
     return {m.group(1) for m in found if m}
 
 

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.controller.errors import Outcome, kopf_errors, survive
 from migpart.controller.metrics import Metrics
-from migpart.controller.reconcile import PolicyRound, as_body, report_invalid
+from migpart.controller.reconcile import PolicyRound, report_invalid
 from migpart.controller.scope import Cluster, parse_policy
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.controller.workers import Signals
@@ -356,6 +356,4 @@ def report_failure(
         retry_in_s=outcome.wait,
     )
     if tell:
-        kopf.event(
-            as_body(body), type="Warning", reason="RoundFailed", message=outcome.failure[:1000]
-        )
+        state.effects.event(body, "Warning", "RoundFailed", outcome.failure[:1000])

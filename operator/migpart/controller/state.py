@@ -13,6 +13,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
+from migpart.controller.effects import Effects, KubeEffects
 from migpart.controller.metrics import Metrics
 from migpart.controller.scope import ScopeCache
 from migpart.controller.workers import Workers
@@ -102,6 +103,12 @@ class OperatorState:
     indexes: Mapping[str, Any] | None = None
     # the task that republishes every slice periodically (handlers.resync_slices)
     resync: asyncio.Task[None] | None = None
+    # what rounds do to the world; by default the API server (tests pass InMemoryEffects)
+    effects: Effects = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.effects is None:
+            self.effects = KubeEffects(self.api, self.publisher)
 
     def wake_all(self) -> None:
         self.changes += 1

@@ -195,6 +195,6 @@ def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
     ]
     cluster = cluster_with(mignode("n1", []), claims)
     round_ = PolicyRound(state, "p", cluster.policies["p"], cluster)
-    assert round_.fresh_claims() == {"team-a/lagging"}
+    assert round_.destroy.unseen_claims(cluster.claims) == {"team-a/lagging"}
     assert set(state.fresh_allocations) == {"uid-lagging", "uid-unseen"}
-    assert round_.allocated() == {indexed_device, lagging_device}
+    assert round_.destroy.allocated(cluster.claims) == {indexed_device, lagging_device}

@@ -1,0 +1,162 @@
+"""The destroy protocol: no instance leaves a MigNode spec while a claim may hold it.
+
+kube-scheduler may allocate a free device in the very moment a plan decides to destroy it
+(docs/destroy-protocol.md). So, for each node whose new layout drops existing instances:
+
+1. withdraw: republish the node's slice without those devices (pool generation + 1);
+2. grace: wait `grace_s`, so that scheduling cycles that read the old slice land their
+   allocation (PreBind) before we look;
+3. confirm: read every ResourceClaim with a quorum read; if one names a withdrawn device, the
+   device is restored (published again), remembered as used (a *sighting*, see below) and the
+   round plans again (`Redo`);
+4. only then may the caller write the spec that drops them.
+
+Sightings: the quorum read may see an allocation before the claim watch does. Until the watch
+shows it (or FRESH_S passed, e.g. because the claim was deleted in between), the claim counts
+as allocated and its devices as used, whatever the index says.
+
+`DestroyProtocol` owns all of it: the withdrawn devices (through the `Effects` port), the
+sightings, and the devices left withdrawn by a round that failed before its spec write
+(`restore_leftovers`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from migpart.api.models import MigNode
+from migpart.controller.effects import Effects
+from migpart.controller.metrics import Metrics
+from migpart.controller.state import FRESH_S, Hooks, JournalEntry, Sighting
+from migpart.kube.claims import (
+    AllocatedDevice,
+    all_allocated,
+    allocated_devices,
+    body_key,
+    is_allocated,
+)
+from migpart.kube.snapshot import node_name
+from migpart.mig import Instance, device_name
+from migpart.planning.model import GpuPlan
+
+log = structlog.get_logger(__name__)
+
+Body = Mapping[str, Any]
+
+
+class Redo(Exception):
+    """A device chosen for destruction was allocated meanwhile: plan again from scratch."""
+
+
+def uid_of(body: Body) -> str:
+    return str((body.get("metadata") or {}).get("uid") or "")
+
+
+def removed_devices(node: MigNode, targets: Iterable[GpuPlan]) -> frozenset[str]:
+    """Created instances (status) that the target layout drops: these need the protocol."""
+    want = {g.index: set(g.instances) for g in targets}
+    gone: set[str] = set()
+    for gpu in node.status.gpus if node.status else []:
+        target = want.get(gpu.index)
+        if target is None:
+            continue
+        for inst in gpu.instances:
+            if Instance(inst.profile, inst.start) not in target:
+                gone.add(device_name(gpu.index, inst.profile, inst.start))
+    return frozenset(gone)
+
+
+@dataclass
+class DestroyProtocol:
+    effects: Effects
+    hooks: Hooks
+    metrics: Metrics
+    # claim uid -> its allocation as a quorum read saw it (shared by every round)
+    sightings: dict[str, Sighting]
+    grace_s: float = 1.0
+
+    async def restore_leftovers(self) -> None:
+        """Devices still withdrawn at the start of a round belong to a round that failed
+        before writing its spec: publish them again; this round withdraws anew if needed."""
+        for name in self.effects.withdrawing():
+            leftover = self.effects.withdrawn(name)
+            if leftover:
+                await self.effects.restore(name, leftover)
+                self.hooks.record(JournalEntry("restored", name, leftover))
+
+    def fresh(self, claims: Mapping[str, Body]) -> dict[str, Sighting]:
+        """The sightings the claim index has not caught up with yet (those it has, and stale
+        ones, are forgotten here)."""
+        if not self.sightings:
+            return self.sightings
+        caught_up = {uid_of(c) for c in claims.values() if is_allocated(c)}
+        now = time.monotonic()
+        for uid in [
+            u for u, s in self.sightings.items() if u in caught_up or now - s.seen > FRESH_S
+        ]:
+            del self.sightings[uid]
+        return self.sightings
+
+    def allocated(self, claims: Mapping[str, Body]) -> frozenset[AllocatedDevice]:
+        """Every device a claim holds: as the index shows, plus the sightings."""
+        indexed = all_allocated(claims.values())
+        return indexed.union(*(s.devices for s in self.fresh(claims).values()))
+
+    def unseen_claims(self, claims: Mapping[str, Body]) -> frozenset[str]:
+        """Keys of the claims a quorum read saw allocated while the index still shows them
+        unallocated (by uid: a claim made again under the same name is not one of them)."""
+        fresh = self.fresh(claims)
+        if not fresh:
+            return frozenset()
+        return frozenset(
+            body_key(c) for c in claims.values() if not is_allocated(c) and uid_of(c) in fresh
+        )
+
+    async def clear(self, node: MigNode, targets: list[GpuPlan], policy: Body) -> None:
+        """Steps 1-3 for one node; returns when the spec may drop the devices.
+
+        Raises Redo when a device got allocated in the window (it is published again, and
+        counts as used in the next plan); the Event about it goes to `policy`.
+        """
+        name = node_name(node)
+        gone = removed_devices(node, targets)
+        if not gone:
+            return
+        generation = await self.effects.withdraw(name, gone)
+        self.hooks.record(JournalEntry("withdrawn", name, gone, f"generation {generation}"))
+        if self.hooks.after_withdraw is not None:
+            await self.hooks.after_withdraw(name, gone)
+        await self.effects.sleep(self.grace_s)
+        claims = await self.effects.read_claims()
+        hit = {
+            d
+            for claim in claims
+            for d in allocated_devices(claim)
+            if d.pool == name and d.device in gone
+        }
+        if not hit:
+            self.hooks.record(JournalEntry("confirmed", name, gone))
+            return
+        kept = frozenset(d.device for d in hit)
+        now = time.monotonic()
+        for claim in claims:
+            devices = allocated_devices(claim) & hit
+            if devices:
+                self.sightings[uid_of(claim)] = Sighting(devices, now)
+        await self.effects.restore(name, kept)
+        self.metrics.devices_kept.inc(len(kept))
+        self.hooks.record(JournalEntry("kept", name, kept))
+        self.effects.event(
+            policy,
+            "Warning",
+            "DestroyAborted",
+            f"node {name}: {', '.join(sorted(kept))} got allocated while being withdrawn; "
+            "kept, planning again",
+        )
+        log.warning("destroy_aborted", node=name, devices=sorted(kept))
+        raise Redo(name)

@@ -1,0 +1,97 @@
+"""The GpuPartitionPolicy status: what a round reports, built on what we last wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from migpart.api.models import Condition, GpuPartitionPolicyStatus, LastPlan
+from migpart.controller.destroy import uid_of
+from migpart.controller.scope import Scope
+
+Body = Mapping[str, Any]
+# (policy uid, the status as written)
+Written = tuple[str, dict[str, Any]]
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def previous_status(body: Body, written: Written | None = None) -> GpuPartitionPolicyStatus:
+    """The status the next write builds on: what this operator last wrote for this very object
+    (`written`, as (uid, status)), else the body's own (after a restart).
+
+    The body can lag our last write; building on it would take `lastPlan` and the conditions'
+    transition times back to an older round.
+    """
+    if written is not None and written[0] == uid_of(body):
+        source: Any = written[1]
+    else:
+        source = body.get("status") or {}
+    try:
+        return GpuPartitionPolicyStatus.model_validate(source)
+    except ValidationError:
+        return GpuPartitionPolicyStatus()
+
+
+def ready_condition(status: str, reason: str, message: str, previous: list[Condition]) -> Condition:
+    old = next((c for c in previous if c.type == "Ready"), None)
+    same = old is not None and old.status == status
+    return Condition(
+        type="Ready",
+        status="True" if status == "True" else "False",
+        reason=reason,
+        message=message,
+        last_transition_time=old.last_transition_time if same and old else now_iso(),
+    )
+
+
+def _generation(body: Body) -> int:
+    return int((body.get("metadata") or {}).get("generation") or 0)
+
+
+def round_status(
+    body: Body, scope: Scope, last_plan: LastPlan | None, written: Written | None
+) -> GpuPartitionPolicyStatus:
+    """The status after a round over `scope` (which planned `last_plan`, if any)."""
+    previous = previous_status(body, written)
+    if not scope.nodes:
+        ready = ready_condition(
+            "False", "NoNodes", "the node selector matches no MigNode", previous.conditions
+        )
+    elif scope.demand.unsatisfiable:
+        ready = ready_condition(
+            "True",
+            "Unsatisfiable",
+            f"{len(scope.demand.unsatisfiable)} pending claim(s) no permitted profile can satisfy",
+            previous.conditions,
+        )
+    else:
+        ready = ready_condition("True", "Reconciled", "", previous.conditions)
+    return GpuPartitionPolicyStatus(
+        observed_generation=_generation(body),
+        nodes=len(scope.nodes),
+        gpus=scope.gpus,
+        pending_requests=scope.demand.pending,
+        last_plan=last_plan or previous.last_plan,
+        conditions=[ready, *(c for c in previous.conditions if c.type != "Ready")],
+    )
+
+
+def invalid_status(
+    body: Body, error: ValidationError, written: Written | None
+) -> tuple[GpuPartitionPolicyStatus, str]:
+    """The status of a policy whose spec is invalid, and the message naming the field."""
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    message = f"spec invalid at {where}: {first['msg']}"
+    previous = previous_status(body, written)
+    status = GpuPartitionPolicyStatus(
+        observed_generation=_generation(body),
+        conditions=[ready_condition("False", "InvalidSpec", message, previous.conditions)],
+    )
+    return status, message

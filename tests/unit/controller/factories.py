@@ -1,0 +1,79 @@
+"""Bodies as the operator's indexes hold them, for the controller unit tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from migpart.api.models import GpuStatus, MigNode, MigNodeStatus
+from tests.unit.kube.factories import gpu
+
+ROOT = Path(__file__).resolve().parents[3]
+DEVICE_CLASS = yaml.safe_load((ROOT / "manifests" / "deviceclass.yaml").read_text())
+PROFILE_IS = 'device.attributes["mig.migpart.io"].profile == "{}"'
+
+
+def mignode(
+    name: str,
+    revision: int,
+    *instances: tuple[str, int, str],
+    gpus: list[GpuStatus] | None = None,
+) -> dict[str, Any]:
+    """A MigNode as its agent reports it: two H100s, `instances` on GPU 0 (or `gpus`)."""
+    node = MigNode(
+        metadata={"name": name, "resourceVersion": str(revision)},
+        status=MigNodeStatus(gpus=gpus if gpus is not None else [gpu(0, *instances), gpu(1)]),
+    )
+    return node.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def policy(
+    name: str, pool: str, generation: int = 1, priority: int = 0, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "migpart.io/v1alpha1",
+        "kind": "GpuPartitionPolicy",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "generation": generation,
+            "resourceVersion": str(generation),
+        },
+        "spec": {"nodeSelector": {"matchLabels": {"pool": pool}}, "priority": priority, **spec},
+    }
+
+
+def claim(name: str, profile: str, revision: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "resourceVersion": str(revision),
+        },
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "mig.migpart.io",
+                            "selectors": [{"cel": {"expression": PROFILE_IS.format(profile)}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def placement(priority: int = 0, **selector: str) -> dict[str, Any]:
+    return {
+        "nodeName": "",
+        "nodeSelector": selector,
+        "terms": [],
+        "tolerations": [],
+        "priority": priority,
+    }

@@ -1,0 +1,162 @@
+"""The operator's decisions, one round at a time, through the in-memory Effects port."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from migpart.api.models import MigNode
+from migpart.controller.effects import InMemoryEffects
+from migpart.controller.reconcile import PolicyRound, changed_nodes, choose_nodes, with_own_writes
+from migpart.controller.scope import Cluster
+from migpart.controller.state import OperatorState
+from migpart.kube.placement import NodeFacts
+from migpart.kube.snapshot import build_snapshot
+from migpart.mig import Instance
+from migpart.planning.model import GpuPlan, Plan, PlanStats
+from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy
+from tests.unit.kube.factories import gpu
+
+
+def world(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]], **spec: Any) -> Cluster:
+    labels = {name: {"pool": "a"} for name in nodes}
+    return Cluster(
+        mignodes=nodes,
+        node_labels=labels,
+        policies={"pa": policy("pa", "a", reconfiguration={"batchWindowSeconds": 0, **spec})},
+        claims={f"ns/{c['metadata']['name']}": c for c in claims},
+        waiting={f"ns/{c['metadata']['name']}": (placement(),) for c in claims},
+        device_classes={"mig.migpart.io": DEVICE_CLASS},
+        node_facts={name: NodeFacts(v, ()) for name, v in labels.items()},
+    )
+
+
+def operator(effects: InMemoryEffects) -> OperatorState:
+    none = cast(Any, None)
+    return OperatorState(api=none, credentials=none, publisher=none, effects=effects)
+
+
+async def run(state: OperatorState, cluster: Cluster) -> PolicyRound:
+    round_ = PolicyRound(state, "pa", cluster.policies["pa"], cluster)
+    await round_.run()
+    return round_
+
+
+def one_gpu(name: str, revision: int, *instances: tuple[str, int, str]) -> dict[str, Any]:
+    return mignode(name, revision, gpus=[gpu(0, *instances)])
+
+
+async def test_a_pending_claim_gets_a_spec_an_event_and_a_status() -> None:
+    nodes = {"a": one_gpu("a", 1)}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    await run(state, world(nodes, [claim("c1", "3g.40gb")]))
+    [(node, spec)] = effects.specs
+    assert node == "a"
+    assert [(i.profile) for i in spec.gpus[0].instances] == ["3g.40gb"]
+    assert [e.reason for e in effects.events] == ["Repartitioning"]
+    [(_, status)] = effects.statuses
+    assert status.pending_requests == 1
+    assert status.last_plan is not None
+    assert status.last_plan.plan_id == spec.plan_id
+
+
+async def test_a_second_round_on_the_same_world_writes_nothing() -> None:
+    nodes = {"a": one_gpu("a", 1)}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    cluster = world(nodes, [claim("c1", "3g.40gb")])
+    await run(state, cluster)
+    await run(state, cluster)  # the watch has not shown our spec yet: our own write stands in
+    assert len(effects.specs) == 1
+    assert len(effects.statuses) == 1
+
+
+async def test_a_destroyed_instance_is_withdrawn_and_confirmed_before_the_spec_drops_it() -> None:
+    nodes = {"a": one_gpu("a", 1, ("7g.80gb", 0, "Free"))}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    await run(state, world(nodes, [claim("c1", "3g.40gb")]))
+    assert effects.withdrawals == [("a", frozenset({"gpu-0-7g80gb-0"}))]
+    assert effects.slept_s == state.withdraw_grace_s  # the grace before the confirming read
+    [(_, spec)] = effects.specs
+    assert "7g.80gb" not in [i.profile for i in spec.gpus[0].instances]
+    steps = [e.step for e in state.hooks.journal]
+    assert steps.index("withdrawn") < steps.index("confirmed") < steps.index("spec_written")
+
+
+def allocation(name: str, node: str, device: str) -> dict[str, Any]:
+    body = claim(name, "7g.80gb")
+    body["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": "mig.migpart.io", "pool": node, "device": device}
+                ]
+            }
+        }
+    }
+    return body
+
+
+async def test_a_device_allocated_inside_the_window_is_kept_and_never_leaves_the_spec() -> None:
+    nodes = {"a": one_gpu("a", 1, ("7g.80gb", 0, "Free"))}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+
+    async def scheduler_wins(node: str, devices: frozenset[str]) -> None:
+        effects.claims.append(allocation("racer", node, "gpu-0-7g80gb-0"))
+
+    effects.on_withdraw = scheduler_wins
+    state = operator(effects)
+    await run(state, world(nodes, [claim("c1", "3g.40gb")]))
+    assert effects.restores == [("a", frozenset({"gpu-0-7g80gb-0"}))]
+    assert "DestroyAborted" in [e.reason for e in effects.events]
+    for _, spec in effects.specs:  # whatever was planned again keeps the device
+        assert "7g.80gb" in [i.profile for i in spec.gpus[0].instances]
+    assert "uid-racer" in state.fresh_allocations
+
+
+async def test_a_redo_does_not_give_a_node_of_this_round_a_second_spec() -> None:
+    """maxConcurrentNodes 2: node a gets its spec, then node b's destroy protocol finds its
+    device allocated and the round plans again. That plan must see a's new spec (a is
+    reconfiguring now), not the layout the round started with."""
+    nodes = {"a": one_gpu("a", 1), "b": one_gpu("b", 2, ("7g.80gb", 0, "Free"))}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+
+    async def scheduler_wins(node: str, devices: frozenset[str]) -> None:
+        effects.claims.append(allocation("racer", node, "gpu-0-7g80gb-0"))
+
+    effects.on_withdraw = scheduler_wins
+    state = operator(effects)
+    claims = [claim("c1", "4g.40gb"), claim("c2", "4g.40gb")]
+    await run(state, world(nodes, claims, maxConcurrentNodes=2))
+    assert [node for node, _ in effects.specs].count("a") == 1
+    assert [node for node, _ in effects.specs].count("b") == 0
+
+
+def test_choose_nodes_skips_nodes_still_reconfiguring_and_respects_the_limit() -> None:
+    busy = MigNode.model_validate({**one_gpu("busy", 1), "spec": {"planId": "p1", "gpus": []}})
+    idle = [MigNode.model_validate(one_gpu(n, 2)) for n in ("x", "y", "z")]
+    plan = Plan(gpus=(), assignments=(), unsatisfied=(), stats=PlanStats())
+    assert choose_nodes(["busy", "x", "y", "z"], [busy, *idle], plan, 3) == ["x", "y"]
+    assert choose_nodes(["x", "y"], idle, plan, 1) == ["x"]
+
+
+def test_changed_nodes_are_those_whose_layout_the_plan_changes() -> None:
+    nodes = [MigNode.model_validate(one_gpu("a", 1, ("1g.10gb", 0, "Free")))]
+    nodes.append(MigNode.model_validate(one_gpu("b", 1)))
+    snapshot = build_snapshot(nodes, frozenset())
+    same = GpuPlan("a", 0, (Instance("1g.10gb", 0),))
+    new = GpuPlan("b", 0, (Instance("7g.80gb", 0),))
+    plan = Plan(gpus=(same, new), assignments=(), unsatisfied=(), stats=PlanStats())
+    assert changed_nodes(snapshot, plan) == ["b"]
+
+
+def test_our_own_write_stands_in_until_the_watch_shows_it() -> None:
+    old = one_gpu("a", 5)
+    cluster = world({"a": old}, [])
+    mine = {**old, "metadata": {**old["metadata"], "resourceVersion": "9"}, "spec": {"x": 1}}
+    written = {"a": mine}
+    assert with_own_writes(cluster, written).mignodes["a"] is mine
+    caught_up = {**mine, "metadata": {**mine["metadata"], "resourceVersion": "9"}}
+    assert with_own_writes(world({"a": caught_up}, []), written).mignodes["a"] is caught_up
+    assert written == {}  # forgotten once the index has it
