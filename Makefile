@@ -6,13 +6,14 @@ PY := $(VENV)/bin/python
 # The Go testbed binary is cached outside the repo, keyed by hack/testbed/go.sum.
 export MIGPART_CACHE ?= $(HOME)/.cache/migpart
 
-.PHONY: help venv proto testbed check lint fmt typecheck layers test unit integration e2e gpu bench demo clean
+.PHONY: help venv proto testbed check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale demo clean
 
 help:
 	@echo "make demo   - local control plane, simulated H100 nodes, operator + agents, trace replay"
 	@echo "make test   - install, build the testbed (cached), run unit, integration and e2e tests"
 	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter"
 	@echo "make bench  - planner benchmark (bench/planner.py)"
+	@echo "make bench-scale - end to end on the testbed at 100, 300, 1,000 simulated nodes (bench/scale.py)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,10 @@ test: venv proto testbed
 
 bench: venv
 	$(PY) bench/planner.py
+
+# End to end at scale on the testbed: minutes per size (see bench/scale.py).
+bench-scale: venv proto testbed
+	$(PY) bench/scale.py --sizes 100,300,1000
 
 demo: venv proto testbed
 	$(PY) -m migpart.cli demo $(ARGS)

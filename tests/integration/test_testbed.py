@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from migpart.testbed import Testbed
+from migpart.testbed import Testbed, build
 
 pytestmark = pytest.mark.integration
 
@@ -39,3 +41,39 @@ def test_kubeconfig_written_and_components_alive(testbed: Testbed) -> None:
     while "default" not in testbed.kubectl("get", "namespaces", "-o", "name"):
         assert time.monotonic() < deadline, "namespace default never appeared"
         time.sleep(0.5)
+
+
+def test_extra_user_audit_log_and_component_flags(tmp_path: Path) -> None:
+    """The options benchmarks use: a second user, extra API server and scheduler flags."""
+    policy = tmp_path / "audit-policy.yaml"
+    policy.write_text(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [ResponseStarted, "
+        "ResponseComplete, Panic]\nrules:\n- level: Metadata\n  users: [bench]\n- level: None\n"
+    )
+    audit = tmp_path / "audit.log"
+    bed = Testbed(
+        tmp_path / "tb",
+        binary=build(quiet=True),
+        users={"bench": "bench-token"},
+        apiserver_args=[f"--audit-policy-file={policy}", f"--audit-log-path={audit}"],
+        scheduler_args=["--kube-api-qps=100"],
+    )
+    with bed.running():
+        assert set(bed.pids()) == {
+            "etcd",
+            "kube-apiserver",
+            "kube-scheduler",
+            "kube-controller-manager",
+        }
+        assert set(bed.ports) == {"kube-apiserver", "kube-scheduler", "kube-controller-manager"}
+        kubeconfig = bed.kubeconfig_for("bench", tmp_path / "bench.kubeconfig")
+        out = subprocess.run(
+            [str(bed.binary), "kubectl", "--kubeconfig", str(kubeconfig), "auth", "whoami"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "bench" in out
+        entries = [json.loads(line) for line in audit.read_text().splitlines()]
+        assert entries
+        assert {e["user"]["username"] for e in entries} == {"bench"}

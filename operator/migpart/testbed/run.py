@@ -69,6 +69,14 @@ class Testbed:
     binary: Path | None = None
     startup_timeout_s: float = 120.0
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    # Optional extras for benchmarks: more users (name -> bearer token, each in
+    # system:masters, so that the API server's audit log can tell their requests apart) and
+    # flags appended to a component's own (e.g. an audit policy, a scheduler's API QPS).
+    users: dict[str, str] = field(default_factory=dict)
+    apiserver_args: list[str] = field(default_factory=list)
+    scheduler_args: list[str] = field(default_factory=list)
+    # The secure (metrics, healthz) port of each component that has one, once started.
+    ports: dict[str, int] = field(default_factory=dict)
     _procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=list)
 
     @property
@@ -96,6 +104,15 @@ class Testbed:
         if check and proc.returncode != 0:
             raise TestbedError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout
+
+    def kubeconfig_for(self, user: str, path: Path) -> Path:
+        """Write a kubeconfig that authenticates as `user` (one of `users`) to `path`."""
+        path.write_text(KUBECONFIG_TEMPLATE.format(server=self.server, token=self.users[user]))
+        return path
+
+    def pids(self) -> dict[str, int]:
+        """The process id of each running component, by name (e.g. for CPU accounting)."""
+        return {name: proc.pid for name, proc, _ in self._procs if proc.poll() is None}
 
     def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
         """Create a Ready Node with no kubelet behind it, schedulable (idempotent).
@@ -160,10 +177,18 @@ class Testbed:
         d = self.dir
         etcd_port, peer_port = free_port(), free_port()
         sched_port, kcm_port = free_port(), free_port()
+        self.ports = {
+            "kube-apiserver": self.port,
+            "kube-scheduler": sched_port,
+            "kube-controller-manager": kcm_port,
+        }
         sa_key = d / "sa.key"
         if not sa_key.exists():
             self._run_once("keygen", str(sa_key))
-        (d / "tokens.csv").write_text(f'{self.token},admin,admin,"system:masters"\n')
+        users = {"admin": self.token, **self.users}
+        (d / "tokens.csv").write_text(
+            "".join(f'{token},{user},{user},"system:masters"\n' for user, token in users.items())
+        )
         self._spawn(
             "etcd",
             [
@@ -206,6 +231,7 @@ class Testbed:
                 "--disable-admission-plugins=ServiceAccount",
                 "--endpoint-reconciler-type=none",
                 "--v=1",
+                *self.apiserver_args,
             ],
         )
         self._wait_ready(f"{self.server}/readyz", "kube-apiserver")
@@ -224,6 +250,7 @@ class Testbed:
                 f"--authentication-kubeconfig={control_kubeconfig}",
                 f"--authorization-kubeconfig={control_kubeconfig}",
                 "--v=1",
+                *self.scheduler_args,
             ],
         )
         self._spawn(
