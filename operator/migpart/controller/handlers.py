@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import functools
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 import kopf
 import structlog
@@ -57,14 +56,32 @@ SETTLE_S = 0.02
 FULL_ROUND_S = 30.0
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf builds a *diff-base* (the object's essence, for on.create/update/resume handlers
+    to see what changed) for every event of every watched resource, by a deep copy of the
+    whole body, status included. migpart has no such handlers (only indexes and on.event),
+    so nothing reads it; at 1,000 nodes those copies were a sixth of the operator's CPU."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return cast("kopf.BodyEssence", {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def _state(memo: Any) -> OperatorState:
     state: OperatorState = memo.state
     return state
 
 
 def _plain(body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    """A deep copy of some top-level fields: index values must not alias kopf's live bodies."""
-    return {k: copy.deepcopy(body[k]) for k in keys if k in body}
+    """Some top-level fields as a plain dict. No copy: kopf parses every watch event into new
+    dicts and never changes them afterwards, and nothing in migpart writes to an index value
+    (a deep copy per event was a tenth of the operator's CPU at 1,000 nodes)."""
+    return {k: body[k] for k in keys if k in body}
 
 
 def _flatten(index: Mapping[Any, Any]) -> dict[str, Any]:
@@ -126,7 +143,7 @@ def build_registry(
         settings.posting.enabled = True
         settings.posting.reporting_component = "migpart"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = NoDiffBase()
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         api, credentials = await open_client(kubeconfig)
