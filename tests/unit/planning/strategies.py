@@ -45,15 +45,18 @@ def snapshots(draw: st.DrawFn, max_nodes: int = 4, max_gpus: int = 3) -> Snapsho
 
 
 @st.composite
-def request_lists(draw: st.DrawFn, nodes: tuple[str, ...] = ()) -> list[Request]:
-    count = draw(st.integers(0, 12))
+def request_lists(
+    draw: st.DrawFn, nodes: tuple[str, ...] = (), restricted_one_in: int = 5, most: int = 12
+) -> list[Request]:
+    """Requests; with `nodes`, one in `restricted_one_in` is restricted to some of them."""
+    count = draw(st.integers(0, most))
     requests = []
     for i in range(count):
         profiles = draw(
             st.lists(st.sampled_from(ALL_PROFILES), min_size=1, max_size=3, unique=True)
         )
         restrict = None
-        if nodes and draw(st.integers(0, 4)) == 0:
+        if nodes and draw(st.integers(1, restricted_one_in)) == 1:
             restrict = frozenset(draw(st.lists(st.sampled_from(nodes), min_size=1, unique=True)))
         requests.append(
             Request(
