@@ -59,11 +59,10 @@ class RoundResult:
 
 
 Geometry = frozenset[tuple[int, str]]  # (start, profile) of each instance of a GPU
+Changes = dict[tuple[str, int], tuple[Geometry, Geometry]]
 
 
-def layout_changes(
-    snapshot: Snapshot, plan: Plan
-) -> dict[tuple[str, int], tuple[Geometry, Geometry]]:
+def layout_changes(snapshot: Snapshot, plan: Plan) -> Changes:
     """(node, GPU index) -> (its instances now, planned) for every GPU the plan changes.
 
     Plans cover every GPU of the policy (thousands at scale) and few of them change: plain
