@@ -21,7 +21,8 @@ import kopf
 import pytest
 
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
-from migpart.controller.handlers import build_registry
+from migpart.controller.handlers import OperatorConfig, build_registry
+from migpart.controller.metrics import Metrics
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.mig import builtin_table
 from migpart.testbed import Testbed
@@ -299,7 +300,13 @@ def operator(cluster: Testbed) -> Iterator[RunningOperator]:
             loop.run_until_complete(
                 kopf.operator(
                     registry=build_registry(
-                        cluster.kubeconfig, hooks=running.hooks, tick_s=0.2, slice_resync_s=1.0
+                        OperatorConfig(
+                            cluster.kubeconfig,
+                            Metrics(),
+                            hooks=running.hooks,
+                            tick_s=0.2,
+                            slice_resync_s=1.0,
+                        )
                     ),
                     clusterwide=True,
                     standalone=True,

@@ -16,7 +16,7 @@ import kopf
 import structlog
 
 from migpart import logs
-from migpart.controller.handlers import build_registry
+from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.health import serve
 from migpart.controller.metrics import Metrics
 
@@ -78,14 +78,15 @@ async def run(args: argparse.Namespace) -> None:
     if args.metrics_port:
         runner = await serve(args.metrics_port, metrics.registry, ready)
     memo = _Memo()
-    memo.metrics = metrics
+    config = OperatorConfig(
+        kubeconfig=args.kubeconfig,
+        metrics=metrics,
+        tick_s=args.tick_seconds,
+        withdraw_grace_s=args.withdraw_grace_seconds,
+    )
     try:
         await kopf.operator(
-            registry=build_registry(
-                args.kubeconfig,
-                tick_s=args.tick_seconds,
-                withdraw_grace_s=args.withdraw_grace_seconds,
-            ),
+            registry=build_registry(config),
             clusterwide=True,
             standalone=not args.peering,
             ready_flag=ready,

@@ -28,6 +28,7 @@ from migpart.api.models import (
     MigNodeSpec,
 )
 from migpart.controller.destroy import DestroyProtocol, Redo, uid_of
+from migpart.controller.indexes import with_own_writes
 from migpart.controller.scope import Cluster, Demand, Scope, parse_policy
 from migpart.controller.state import JournalEntry, OperatorState, PlanTiming
 from migpart.controller.status import invalid_status, now_iso, round_status
@@ -109,55 +110,6 @@ def node_spec(plan_id: str, targets: Iterable[GpuPlan]) -> MigNodeSpec:
             )
             for g in sorted(targets, key=lambda g: g.index)
         ],
-    )
-
-
-def _revision(body: Body) -> int | None:
-    value = (body.get("metadata") or {}).get("resourceVersion")
-    if not isinstance(value, str | int):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
-
-
-def with_own_writes(cluster: Cluster, written: dict[str, dict[str, Any]]) -> Cluster:
-    """The cluster with the MigNodes this operator wrote and the watch has not shown yet.
-
-    Watches lag: a round that started right after another one wrote a spec could still see the
-    old spec in the index, take the node for idle, and plan it a second time. The patch
-    response is the whole object at a newer revision, so it stands in until the index catches
-    up (then it is forgotten). Resource versions are etcd revisions; where one is not a number,
-    the written body wins until the index shows the same plan.
-    """
-    if not written:
-        return cluster
-    mignodes = dict(cluster.mignodes)
-    for name, body in list(written.items()):
-        seen = mignodes.get(name)
-        if seen is None:
-            written.pop(name)
-            continue
-        mine, theirs = _revision(body), _revision(seen)
-        if mine is not None and theirs is not None:
-            caught_up = theirs >= mine
-        else:
-            caught_up = (seen.get("spec") or {}).get("planId") == (body.get("spec") or {}).get(
-                "planId"
-            )
-        if caught_up:
-            written.pop(name)
-        else:
-            mignodes[name] = body
-    return Cluster(
-        mignodes=mignodes,
-        node_labels=cluster.node_labels,
-        policies=cluster.policies,
-        claims=cluster.claims,
-        waiting=cluster.waiting,
-        device_classes=cluster.device_classes,
-        node_facts=cluster.node_facts,
     )
 
 

@@ -97,7 +97,7 @@ class OperatorState:
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
     # parsed objects and per-claim outcomes, shared by every policy's rounds (scope.py)
     scopes: ScopeCache = field(default_factory=ScopeCache)
-    # one planning loop per policy (handlers.plan_policy)
+    # one planning loop per policy (loop.plan_policy)
     workers: Workers = field(default_factory=Workers)
     # kopf's live index views (id -> index), kept from the first policy event for the loops
     indexes: Mapping[str, Any] | None = None

@@ -6,7 +6,8 @@ from typing import Any, cast
 
 from migpart.api.models import MigNode
 from migpart.controller.effects import InMemoryEffects
-from migpart.controller.reconcile import PolicyRound, changed_nodes, choose_nodes, with_own_writes
+from migpart.controller.indexes import with_own_writes
+from migpart.controller.reconcile import PolicyRound, changed_nodes, choose_nodes
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.kube.placement import NodeFacts

@@ -1,0 +1,97 @@
+"""The planning loop of one policy: when to run a round, and what to do when one fails."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from typing import Any, TypeGuard
+
+import structlog
+from pydantic import ValidationError
+
+from migpart.controller.errors import Outcome, survive
+from migpart.controller.indexes import _flatten, cluster_from
+from migpart.controller.reconcile import PolicyRound
+from migpart.controller.scope import parse_policy
+from migpart.controller.state import OperatorState
+from migpart.controller.workers import Signals
+
+log = structlog.get_logger(__name__)
+
+# How long a woken planning loop waits before its round (see plan_policy).
+SETTLE_S = 0.02
+# A loop runs a round at least this often even when nothing it watches changed (a safety net,
+# and what ends a quorum-read sighting that the claim watch never confirmed).
+FULL_ROUND_S = 30.0
+
+
+def _plannable(body: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
+    if body is None:
+        return False
+    try:
+        parse_policy(body)
+    except ValidationError:
+        return False  # reported by policy_changed; wait for the next change
+    return True
+
+
+async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None:
+    """The planning loop of one policy (run by `state.workers`): a round whenever something it
+    watches changed, when a held-back plan is due (batch window, pacing), after a failure's
+    retry delay, and every FULL_ROUND_S regardless; every round recomputes from the indexes
+    (through the shared scope cache). Ends when stopped (the policy's DELETED event, or the
+    operator's exit)."""
+    wake, stopped = signals.wake, signals.stopped
+    reported: str | None = None  # the failure last told in an Event, while it lasts
+    seen = -1  # state.changes when the last round began
+    again = True  # the last round wants another one even if nothing changes
+    last_round = 0.0
+    try:
+        while not stopped.is_set():
+            wake.clear()
+            assert state.indexes is not None  # set before the first worker starts
+            wait = state.tick_s
+            if again or seen != state.changes or time.monotonic() - last_round > FULL_ROUND_S:
+                seen, last_round = state.changes, time.monotonic()
+                body = _flatten(state.indexes["policies_index"]).get(name)
+                again = False
+                if _plannable(body):
+                    round_ = PolicyRound(state, name, body, cluster_from(state.indexes))
+                    outcome = await survive(round_.run, state.tick_s)
+                    wait = outcome.wait
+                    again = round_.deferred or outcome.failure is not None
+                    if round_.deferred and outcome.failure is None:
+                        wait = min(wait, max(round_.retry_in_s, SETTLE_S))
+                    if outcome.failure is not None:
+                        report_failure(state, name, body, outcome, tell=outcome.failure != reported)
+                    reported = outcome.failure
+            if stopped.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=wait)
+                # Woken by an index handler, which runs before kopf stores its result:
+                # let the index settle (and a burst of events coalesce) first.
+                await asyncio.sleep(SETTLE_S)
+    finally:
+        state.metrics.forget_policy(name)
+
+
+def report_failure(
+    state: OperatorState, name: str, body: Mapping[str, Any], outcome: Outcome, *, tell: bool
+) -> None:
+    """Count and log a failed round; `tell`: also post a RoundFailed Event (once per distinct
+    failure, not once per retry)."""
+    assert outcome.failure is not None
+    kind = "permanent" if outcome.permanent else "temporary"
+    state.metrics.round_failures.labels(name, kind).inc()
+    log.warning(
+        "policy_round_failed",
+        policy=name,
+        kind=kind,
+        error=outcome.failure,
+        retry_in_s=outcome.wait,
+    )
+    if tell:
+        state.effects.event(body, "Warning", "RoundFailed", outcome.failure[:1000])
