@@ -17,8 +17,9 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from migpart.agent.app import AgentConfig, serve
-from migpart.agent.claims import AllocatedDevice, ClaimNotFound, KubeClaims
+from migpart.agent.claims import ClaimNotFound, KubeClaims
 from migpart.agent.simulator import SimulatedNvml
+from migpart.dra import AllocatedDevice
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator

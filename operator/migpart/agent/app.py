@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ from migpart.agent.kube import KubeMigNodes
 from migpart.agent.metrics import AgentMetrics, HealthServer
 from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
+from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -36,13 +37,12 @@ class AgentConfig:
     sim_latency_s: float = 0.0
     state_dir: Path = Path("/var/lib/migpart")
     cdi_dir: Path = Path("/var/run/cdi")
-    plugin_dir: Path = Path("/var/lib/kubelet/plugins/mig.migpart.io")
-    registration_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugin_dir: Path = KUBELET_PLUGIN_DIR
+    registration_dir: Path = KUBELET_REGISTRY_DIR
     kubelet_plugin: bool = True
     metrics_port: int = 8081
     metrics_host: str = "0.0.0.0"
     resync_s: float = 30.0
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def _caps_root(config: AgentConfig) -> Path | None:

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from migpart.agent.checkpoint import atomic_write
+from migpart.dra import DRIVER
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 CDI_VERSION = "0.6.0"
-VENDOR = "mig.migpart.io"
+VENDOR = DRIVER  # CDI kinds are `vendor/class`; ours is named after the DRA driver
 CLASS = "mig"
 KIND = f"{VENDOR}/{CLASS}"
 CAPS_PROC = "/proc/driver/nvidia/capabilities"

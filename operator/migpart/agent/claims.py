@@ -7,23 +7,12 @@ comes from: the API server (`KubeClaims`) in a cluster, a dict (`InMemoryClaims`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from migpart.api.models import DRIVER
+from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION, AllocatedDevice, allocation_results
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
-
-
-@dataclass(frozen=True, slots=True)
-class AllocatedDevice:
-    """One entry of `status.allocation.devices.results` of a claim."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
 
 
 class ClaimNotFound(LookupError):
@@ -44,13 +33,9 @@ def devices_of(claim: dict[str, Any], uid: str) -> list[AllocatedDevice]:
             f"claim {meta.get('namespace')}/{meta.get('name')} has UID {meta.get('uid')}, "
             f"kubelet asked for {uid}"
         )
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
+    if not (claim.get("status") or {}).get("allocation"):
         raise ClaimNotFound(f"claim {meta.get('namespace')}/{meta.get('name')} is not allocated")
-    results = (allocation.get("devices") or {}).get("results") or []
-    return [
-        AllocatedDevice(r.get("request", ""), r["driver"], r["pool"], r["device"]) for r in results
-    ]
+    return list(allocation_results(claim))
 
 
 class InMemoryClaims:
@@ -102,15 +87,10 @@ class KubeClaims:
 
         try:
             claim = await self._objects.get_namespaced_custom_object(
-                "resource.k8s.io", "v1", namespace, "resourceclaims", name
+                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name
             )
         except ApiException as err:
             if err.status == 404:
                 raise ClaimNotFound(f"claim {namespace}/{name} not found") from err
             raise
         return devices_of(claim, uid)
-
-
-def ours(devices: list[AllocatedDevice], node: str) -> list[AllocatedDevice]:
-    """The devices this node's plugin must prepare: our driver, our pool."""
-    return [d for d in devices if d.driver == DRIVER and d.pool == node]

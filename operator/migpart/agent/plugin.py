@@ -23,7 +23,7 @@ import structlog
 
 from migpart.agent.cdi import CdiDevice, CdiWriter, cdi_id, cdi_name
 from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from migpart.agent.claims import ClaimNotFound, ClaimSource, ours
+from migpart.agent.claims import ClaimNotFound, ClaimSource
 from migpart.agent.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -32,9 +32,8 @@ from migpart.agent.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from migpart.api.models import DRIVER
+from migpart.dra import DRIVER, DeviceId, ours
 from migpart.errors import MigpartError
-from migpart.mig import device_name
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -77,15 +76,16 @@ class DraDriver:
         self.checkpoint = checkpoint
         self.cdi = cdi
 
-    async def _instances(self) -> dict[str, tuple[MigInstance, int]]:
-        """Device name -> (complete MIG instance, GPU minor) for every instance on the node."""
+    async def _instances(self) -> dict[DeviceId, tuple[MigInstance, int]]:
+        """Device -> (complete MIG instance, GPU minor) for every instance on the node."""
         out = {}
         for gpu in await self.backend.gpus():
             if not gpu.mig_enabled:
                 continue
             for inst in await self.backend.instances(gpu.index):
                 if inst.ci_id is not None and inst.uuid:
-                    out[device_name(gpu.index, inst.profile, inst.start)] = (inst, gpu.minor)
+                    device = DeviceId.of(self.node, gpu.index, inst.profile, inst.start)
+                    out[device] = (inst, gpu.minor)
         return out
 
     async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
@@ -94,7 +94,7 @@ class DraDriver:
             return list(done.devices)
         try:
             allocated = ours(
-                await self.claims.allocation(claim.namespace, claim.name, claim.uid), self.node
+                await self.claims.allocation(claim.namespace, claim.name, claim.uid), pool=self.node
             )
         except ClaimNotFound as err:
             raise PrepareError(str(err)) from err
@@ -106,7 +106,7 @@ class DraDriver:
             devices: list[PreparedDevice] = []
             cdi_devices: list[CdiDevice] = []
             for a in allocated:
-                found = present.get(a.device)
+                found = present.get(a.id)
                 if found is None:
                     raise PrepareError(f"device {a.device} does not exist on node {self.node}")
                 inst, minor = found

@@ -8,7 +8,9 @@ converges from whatever NVML shows. Safety rules, enforced here and nowhere else
 - an instance prepared for a claim (checkpoint) or running processes (NVML) is never destroyed,
   even when the spec drops it; it is kept and reported as Degraded naming the instance;
 - the prepared/busy check is repeated under the checkpoint lock right before the NVML call;
-- GPUs the spec does not mention, and every GPU while the spec has no plan yet, are left alone;
+- what the spec wants is `MigNodeSpec.desired()`, the definition the operator's slice publisher
+  and planner use too: GPUs it does not list, and every GPU while the spec has no `planId`
+  (whatever it lists), are left alone;
 - `observedPlanId` becomes the spec's planId only when every managed GPU equals its spec.
 """
 
@@ -32,6 +34,8 @@ from migpart.errors import GpuBusy, NvmlFailure
 from migpart.mig import Instance, layout_problems
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from migpart.agent.backend import GpuInfo, MigInstance, NvmlBackend
     from migpart.agent.checkpoint import Checkpoint
     from migpart.api.models import InstanceStateName
@@ -93,13 +97,6 @@ async def read_gpus(backend: NvmlBackend) -> list[_Gpu]:
     return out
 
 
-def _managed(spec: MigNodeSpec | None) -> dict[int, set[Instance]]:
-    """Desired instances by GPU index; empty when the spec expresses no plan yet."""
-    if spec is None or (spec.plan_id is None and not spec.gpus):
-        return {}
-    return {g.index: {Instance(i.profile, i.start) for i in g.instances} for g in spec.gpus}
-
-
 async def reconcile_once(
     spec: MigNodeSpec | None,
     backend: NvmlBackend,
@@ -109,7 +106,7 @@ async def reconcile_once(
     now: str | None = None,
 ) -> ReconcileResult:
     """Converge NVML towards `spec` once and return the resulting status and the ops done."""
-    desired = _managed(spec)
+    desired = spec.desired() if spec is not None else {}
     ops: list[Op] = []
     problems: list[str] = []
     kept: list[str] = []
@@ -188,7 +185,7 @@ async def reconcile_once(
 
 
 async def observe(
-    backend: NvmlBackend, checkpoint: Checkpoint, desired: dict[int, set[Instance]]
+    backend: NvmlBackend, checkpoint: Checkpoint, desired: Mapping[int, frozenset[Instance]]
 ) -> tuple[MigNodeStatus, bool]:
     """The node's MIG state as NVML shows it, and whether it equals `desired`."""
     prepared = checkpoint.prepared()

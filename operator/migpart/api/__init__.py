@@ -2,8 +2,6 @@
 
 from migpart.api.models import (
     API_VERSION,
-    DEVICE_CLASS,
-    DRIVER,
     GROUP,
     MIGNODE_KIND,
     MIGNODE_PLURAL,
@@ -36,8 +34,6 @@ from migpart.api.models import (
 
 __all__ = [
     "API_VERSION",
-    "DEVICE_CLASS",
-    "DRIVER",
     "GROUP",
     "MIGNODE_KIND",
     "MIGNODE_PLURAL",

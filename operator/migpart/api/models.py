@@ -16,25 +16,29 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
+from migpart.mig.layout import Instance
 from migpart.mig.profiles import PROFILE_NAME_RE, ModelTable, Profile
 from migpart.planning.model import PolicyView, Spare
 
 GROUP = "migpart.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
-DRIVER = "mig.migpart.io"
-DEVICE_CLASS = "mig.migpart.io"
+"""`apiVersion` of both kinds (the models' `api_version` literals must equal it)."""
 
 MIGNODE_KIND = "MigNode"
 MIGNODE_PLURAL = "mignodes"
 POLICY_KIND = "GpuPartitionPolicy"
 POLICY_PLURAL = "gpupartitionpolicies"
 
-# Bounds that keep the CEL rules within the API server's cost budget and objects small.
+# Bounds that keep the CEL rules within the API server's cost budget and objects small;
+# docs/api.md states them. Every catalog model fits (at most 7 instances per GPU, starts up to
+# 6); a MigNode spec lists at most MAX_GPUS GPUs, so a node with more cannot be repartitioned.
 MAX_PROFILES = 32
 MAX_SPARES = 16
 MAX_GPUS = 16
+MAX_GPU_INDEX = 63
 MAX_INSTANCES_PER_GPU = 8
+MAX_START = 15
 MAX_PROFILE_NAME = 32
 
 ProfileName = Annotated[
@@ -100,13 +104,13 @@ class MigInstanceSpec(_Model):
     """One desired MIG instance: profile at a start index in memory-slice units."""
 
     profile: ProfileName
-    start: Annotated[int, Field(ge=0, le=15)]
+    start: Annotated[int, Field(ge=0, le=MAX_START)]
 
 
 class GpuSpec(_Model):
     """The desired instances of one GPU (by NVML index)."""
 
-    index: Annotated[int, Field(ge=0, le=63)]
+    index: Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
     instances: Annotated[list[MigInstanceSpec], Field(max_length=MAX_INSTANCES_PER_GPU)] = []
     """Every instance the GPU should have; anything else that is free gets destroyed."""
 
@@ -117,6 +121,22 @@ class MigNodeSpec(_Model):
     plan_id: Annotated[str, StringConstraints(max_length=128)] | None = None
     """Identifies this desired layout; the agent echoes it as status.observedPlanId."""
     gpus: Annotated[list[GpuSpec], _map_list("index", MAX_GPUS)] = []
+
+    def desired(self) -> dict[int, frozenset[Instance]]:
+        """What this spec wants: GPU index -> its instances, for the GPUs it lists.
+
+        The one definition that the agent (what to create and destroy), the slice publisher
+        (which devices are still wanted) and the planner's snapshot (the layout a node is
+        moving to) share; the destroy protocol is safe only while they agree. Without a
+        `planId` the spec wants nothing, whatever it lists: the operator always writes one,
+        so such a spec was not written by a plan (the agent's own empty MigNode, or a hand
+        edit), and a GPU absent here is left as it is by all three.
+        """
+        if self.plan_id is None:
+            return {}
+        return {
+            g.index: frozenset(Instance(i.profile, i.start) for i in g.instances) for g in self.gpus
+        }
 
 
 class ProfileInfo(_Model):
@@ -248,6 +268,10 @@ class MigNode(_Model):
     metadata: dict[str, Any] = {}
     spec: MigNodeSpec | None = None
     status: MigNodeStatus | None = None
+
+    def desired(self) -> dict[int, frozenset[Instance]]:
+        """`MigNodeSpec.desired` of the spec; nothing without one."""
+        return self.spec.desired() if self.spec is not None else {}
 
 
 # --------------------------------------------------------------------------- GpuPartitionPolicy

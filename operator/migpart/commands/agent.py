@@ -10,9 +10,13 @@ import signal
 import sys
 from pathlib import Path
 
+from kubernetes_asyncio.client import ApiClient
+
 from migpart import logs
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.simulator import parse_simulate
+from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
+from migpart.kube.client import load_configuration
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,13 +50,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plugin-dir",
         type=Path,
-        default=Path("/var/lib/kubelet/plugins/mig.migpart.io"),
+        default=KUBELET_PLUGIN_DIR,
         help="directory of the DRA gRPC socket",
     )
     p.add_argument(
         "--registration-dir",
         type=Path,
-        default=Path("/var/lib/kubelet/plugins_registry"),
+        default=KUBELET_REGISTRY_DIR,
         help="kubelet's plugin registration directory",
     )
     p.add_argument(
@@ -103,17 +107,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
 
 
 async def _main(config: AgentConfig, kubeconfig: Path | None) -> None:
-    from kubernetes_asyncio import config as kube_config
-    from kubernetes_asyncio.client import ApiClient, Configuration
-
-    cfg = Configuration()
-    if kubeconfig is not None:
-        await kube_config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
-    else:
-        try:
-            kube_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except kube_config.ConfigException:
-            await kube_config.load_kube_config(client_configuration=cfg)
+    cfg = await load_configuration(kubeconfig)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

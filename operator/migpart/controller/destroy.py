@@ -33,15 +33,10 @@ from migpart.api.models import MigNode
 from migpart.controller.effects import Effects
 from migpart.controller.metrics import Metrics
 from migpart.controller.state import FRESH_S, Hooks, JournalEntry, Sighting
-from migpart.kube.claims import (
-    AllocatedDevice,
-    all_allocated,
-    allocated_devices,
-    body_key,
-    is_allocated,
-)
+from migpart.dra import DeviceId, allocated_ids
+from migpart.kube.claims import all_allocated, body_key, is_allocated
 from migpart.kube.snapshot import node_name
-from migpart.mig import Instance, device_name
+from migpart.mig import Instance
 from migpart.planning.model import GpuPlan
 
 log = structlog.get_logger(__name__)
@@ -57,17 +52,18 @@ def uid_of(body: Body) -> str:
     return str((body.get("metadata") or {}).get("uid") or "")
 
 
-def removed_devices(node: MigNode, targets: Iterable[GpuPlan]) -> frozenset[str]:
+def removed_devices(node: MigNode, targets: Iterable[GpuPlan]) -> frozenset[DeviceId]:
     """Created instances (status) that the target layout drops: these need the protocol."""
+    name = node_name(node)
     want = {g.index: set(g.instances) for g in targets}
-    gone: set[str] = set()
+    gone: set[DeviceId] = set()
     for gpu in node.status.gpus if node.status else []:
         target = want.get(gpu.index)
         if target is None:
             continue
         for inst in gpu.instances:
             if Instance(inst.profile, inst.start) not in target:
-                gone.add(device_name(gpu.index, inst.profile, inst.start))
+                gone.add(DeviceId.of(name, gpu.index, inst.profile, inst.start))
     return frozenset(gone)
 
 
@@ -102,7 +98,7 @@ class DestroyProtocol:
             del self.sightings[uid]
         return self.sightings
 
-    def allocated(self, claims: Mapping[str, Body]) -> frozenset[AllocatedDevice]:
+    def allocated(self, claims: Mapping[str, Body]) -> frozenset[DeviceId]:
         """Every device a claim holds: as the index shows, plus the sightings."""
         indexed = all_allocated(claims.values())
         return indexed.union(*(s.devices for s in self.fresh(claims).values()))
@@ -124,32 +120,31 @@ class DestroyProtocol:
         counts as used in the next plan); the Event about it goes to `policy`.
         """
         name = node_name(node)
-        gone = removed_devices(node, targets)
-        if not gone:
+        removed = removed_devices(node, targets)
+        if not removed:
             return
+        # The slice, the port and the journal name devices within the node's pool.
+        gone = frozenset(d.device for d in removed)
         generation = await self.effects.withdraw(name, gone)
         self.hooks.record(JournalEntry("withdrawn", name, gone, f"generation {generation}"))
         if self.hooks.after_withdraw is not None:
             await self.hooks.after_withdraw(name, gone)
         await self.effects.sleep(self.grace_s)
         claims = await self.effects.read_claims()
-        hit = {
-            d
-            for claim in claims
-            for d in allocated_devices(claim)
-            if d.pool == name and d.device in gone
-        }
-        if not hit:
+        held: dict[str, frozenset[DeviceId]] = {}  # claim uid -> the removed devices it holds
+        for claim in claims:
+            ids = allocated_ids(claim) & removed
+            if ids:
+                held[uid_of(claim)] = ids
+        if not held:
             self.hooks.record(JournalEntry("confirmed", name, gone))
             return
-        kept = frozenset(d.device for d in hit)
         now = time.monotonic()
-        for claim in claims:
-            devices = allocated_devices(claim) & hit
-            if devices:
-                self.sightings[uid_of(claim)] = Sighting(devices, now)
+        for claim_uid, ids in held.items():
+            self.sightings[claim_uid] = Sighting(ids, now)
+        kept = frozenset(d.device for ids in held.values() for d in ids)
         await self.effects.restore(name, kept)
-        self.metrics.devices_kept.inc(len(kept))
+        self.metrics.destroy_aborted.inc(len(kept))
         self.hooks.record(JournalEntry("kept", name, kept))
         self.effects.event(
             policy,

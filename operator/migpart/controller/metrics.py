@@ -44,8 +44,8 @@ class Metrics:
             ["policy", "kind"],
             registry=self.registry,
         )
-        self.devices_kept = Counter(
-            "migpart_destroy_aborted_total",
+        self.destroy_aborted = Counter(
+            "migpart_destroy_aborted",
             "Devices the destroy protocol kept because a claim was allocated to them",
             registry=self.registry,
         )

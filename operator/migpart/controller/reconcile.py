@@ -31,7 +31,8 @@ from migpart.controller.destroy import DestroyProtocol, Redo, uid_of
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.scope import Cluster, Demand, Scope, parse_policy
 from migpart.controller.state import JournalEntry, OperatorState, PlanTiming
-from migpart.controller.status import invalid_status, now_iso, round_status
+from migpart.controller.status import invalid_status, round_status
+from migpart.dra import now_iso
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.snapshot import build_snapshot, node_name, reconfiguring
 from migpart.planning.model import GpuPlan, Plan, Snapshot

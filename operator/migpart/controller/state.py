@@ -17,7 +17,7 @@ from migpart.controller.effects import Effects, KubeEffects
 from migpart.controller.metrics import Metrics
 from migpart.controller.scope import ScopeCache
 from migpart.controller.workers import Workers
-from migpart.kube.claims import AllocatedDevice
+from migpart.dra import DeviceId
 from migpart.kube.client import Credentials
 from migpart.kube.slices import SlicePublisher
 
@@ -35,7 +35,7 @@ WithdrawHook = Callable[[str, frozenset[str]], Awaitable[None]]
 class Sighting:
     """A claim's allocation seen by a quorum read: its devices, and when (monotonic)."""
 
-    devices: frozenset[AllocatedDevice]
+    devices: frozenset[DeviceId]
     seen: float
 
 

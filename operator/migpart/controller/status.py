@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -11,14 +10,11 @@ from pydantic import ValidationError
 from migpart.api.models import Condition, GpuPartitionPolicyStatus, LastPlan
 from migpart.controller.destroy import uid_of
 from migpart.controller.scope import Scope
+from migpart.dra import now_iso
 
 Body = Mapping[str, Any]
 # (policy uid, the status as written)
 Written = tuple[str, dict[str, Any]]
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def previous_status(body: Body, written: Written | None = None) -> GpuPartitionPolicyStatus:

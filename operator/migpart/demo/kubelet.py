@@ -9,7 +9,6 @@ agent's checkpoint stays the truth about which MIG instances are in use.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,11 @@ import grpc
 from kubernetes_asyncio import client
 
 from migpart.agent.proto import dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from migpart.dra import now_iso
 
 
 class PrepareFailed(RuntimeError):
     pass
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class SimKubelet:
@@ -73,7 +69,7 @@ class SimKubelet:
                 raise PrepareFailed(f"{key}: prepare of claim {claim['name']}: {result.error}")
             cdi_ids += [i for d in result.devices for i in d.cdi_device_ids]
         self.prepared[key] = claims
-        now = _now()
+        now = now_iso()
         await self.core.patch_namespaced_pod_status(
             pod.metadata.name,
             pod.metadata.namespace,

@@ -15,10 +15,10 @@ from typing import Any, TextIO
 
 from kubernetes_asyncio import client
 
-from migpart import DRIVER_NAME
+from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.demo.kubelet import SimKubelet
 from migpart.demo.trace import TracePod
-from migpart.mig import device_name
+from migpart.dra import DEVICE_CLASS, DRIVER, DeviceId
 
 NAMESPACE = "migpart-demo"
 
@@ -30,10 +30,10 @@ def template_name(profile: str, count: int) -> str:
 def claim_template(profile: str, count: int, by_memory_mib: int | None = None) -> dict[str, Any]:
     """A ResourceClaimTemplate for `count` devices of `profile` (or of at least that memory)."""
     if by_memory_mib is None:
-        expression = f'device.attributes["{DRIVER_NAME}"].profile == "{profile}"'
+        expression = f'device.attributes["{DRIVER}"].profile == "{profile}"'
     else:
         expression = (
-            f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{by_memory_mib}Mi")) >= 0'
+            f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{by_memory_mib}Mi")) >= 0'
         )
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -46,7 +46,7 @@ def claim_template(profile: str, count: int, by_memory_mib: int | None = None) -
                         {
                             "name": "gpu",
                             "exactly": {
-                                "deviceClassName": DRIVER_NAME,
+                                "deviceClassName": DEVICE_CLASS,
                                 "count": count,
                                 "selectors": [{"cel": {"expression": expression}}],
                             },
@@ -126,7 +126,7 @@ class Replay:
         self.stats = Stats()
         self.tracks: dict[str, PodTrack] = {}
         self.mignodes: list[dict[str, Any]] = []
-        self.seen_devices: dict[str, set[str]] = {}
+        self.seen_devices: dict[str, set[DeviceId]] = {}
         self.events: list[str] = []
 
     async def setup(self, tables: dict[str, int]) -> None:
@@ -187,17 +187,17 @@ class Replay:
         await self._observe_nodes()
 
     async def _observe_nodes(self) -> None:
-        result = await self.custom.list_cluster_custom_object("migpart.io", "v1alpha1", "mignodes")
+        result = await self.custom.list_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL)
         self.mignodes = result["items"]
         claims = await self.resource.list_namespaced_resource_claim(NAMESPACE)
-        in_use: dict[str, set[str]] = {}
+        in_use: set[DeviceId] = set()
         for claim in claims.items:
             allocation = claim.status.allocation if claim.status else None
             if allocation is None or not claim.status.reserved_for:
                 continue
             for r in allocation.devices.results or []:
-                if r.driver == DRIVER_NAME:
-                    in_use.setdefault(r.pool, set()).add(r.device)
+                if r.driver == DRIVER:
+                    in_use.add(DeviceId(r.pool, r.device))
         for node in self.mignodes:
             name = node["metadata"]["name"]
             plan_id = (node.get("spec") or {}).get("planId")
@@ -206,14 +206,14 @@ class Replay:
                 self.stats.repartitions += 1
                 self.events.append(f"{name}: repartition {plan_id}")
             present = {
-                device_name(gpu["index"], inst["profile"], inst["start"])
+                DeviceId.of(name, gpu["index"], inst["profile"], inst["start"])
                 for gpu in (node.get("status") or {}).get("gpus", [])
                 for inst in gpu.get("instances", [])
             }
             seen = self.seen_devices.setdefault(name, set())
-            for device in (seen - present) & in_use.get(name, set()):
+            for device in (seen - present) & in_use:
                 self.stats.destroyed_in_use += 1
-                self.events.append(f"{name}: DESTROYED IN USE {device}")
+                self.events.append(f"{name}: DESTROYED IN USE {device.device}")
             seen.clear()
             seen.update(present)
 

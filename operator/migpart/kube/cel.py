@@ -39,7 +39,7 @@ from celpy import celtypes
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, CELSyntaxError, CELUnsupportedError, base_functions
 
-from migpart.api.models import DRIVER
+from migpart.dra import DRIVER
 from migpart.errors import InvalidInput
 from migpart.mig.profiles import device_name
 

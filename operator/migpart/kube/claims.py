@@ -12,22 +12,13 @@ the generated claim's name is in `status.resourceClaimStatuses[].resourceClaimNa
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
-from migpart.api.models import DRIVER
+from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION, DeviceId, allocated_ids
 
 Body = Mapping[str, Any]
-
-
-@dataclass(frozen=True, order=True, slots=True)
-class AllocatedDevice:
-    """One device named by a claim's `status.allocation` (only ours: driver mig.migpart.io)."""
-
-    pool: str
-    device: str
 
 
 def claim_key(namespace: str, name: str) -> str:
@@ -43,19 +34,9 @@ def is_allocated(claim: Body) -> bool:
     return bool((claim.get("status") or {}).get("allocation"))
 
 
-def allocated_devices(claim: Body) -> frozenset[AllocatedDevice]:
-    """The mig.migpart.io devices the claim's allocation names."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return frozenset(
-        AllocatedDevice(str(r.get("pool", "")), str(r.get("device", "")))
-        for r in results
-        if r.get("driver") == DRIVER
-    )
-
-
-def all_allocated(claims: Iterable[Body]) -> frozenset[AllocatedDevice]:
-    return frozenset(d for c in claims for d in allocated_devices(c))
+def all_allocated(claims: Iterable[Body]) -> frozenset[DeviceId]:
+    """Our devices that any of `claims` holds."""
+    return frozenset(d for c in claims for d in allocated_ids(c))
 
 
 def pod_claim_keys(pod: Body) -> frozenset[str]:
@@ -128,7 +109,7 @@ async def list_claims_quorum(api: ApiClient) -> list[dict[str, Any]]:
     see allocations that raced with its slice write (the watch cache might lag behind).
     """
     result: dict[str, Any] = await CustomObjectsApi(api).list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceclaims"
+        RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims"
     )
     items: list[dict[str, Any]] = result.get("items") or []
     return items

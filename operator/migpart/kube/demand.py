@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from migpart.api.models import DRIVER
+from migpart.dra import DRIVER
 from migpart.kube.cel import Device, SelectorError, matches, virtual_device
 from migpart.mig.profiles import ModelTable, Profile
 from migpart.planning.model import PolicyView, Request
@@ -357,33 +357,3 @@ def _combine(
         name=name, profiles=profiles, count=count, priority=priority, nodes=nodes, same_gpu=same_gpu
     )
     return ClaimDemand(claim=name, request=request, same_gpu=same_gpu, by_model=by_model)
-
-
-def demand(
-    claims: Iterable[Mapping[str, Any]],
-    classes: Mapping[str, Mapping[str, Any]],
-    tables: Mapping[str, ModelTable],
-    policy: PolicyView,
-    *,
-    policy_name: str = "",
-    nodes: frozenset[str] | None = None,
-    node_models: Mapping[str, Iterable[str]] | None = None,
-) -> tuple[list[ClaimDemand], list[Unsatisfiable]]:
-    """`claim_demand` over many claims: (what to plan for, what to report)."""
-    wanted: list[ClaimDemand] = []
-    hopeless: list[Unsatisfiable] = []
-    for claim in claims:
-        d = claim_demand(
-            claim,
-            classes,
-            tables,
-            policy,
-            policy_name=policy_name,
-            nodes=nodes,
-            node_models=node_models,
-        )
-        if isinstance(d, ClaimDemand):
-            wanted.append(d)
-        elif isinstance(d, Unsatisfiable):
-            hopeless.append(d)
-    return wanted, hopeless

@@ -32,15 +32,14 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.api.models import DRIVER, GpuStatus, MigInstanceStatus, MigNode, MigNodeSpec
+from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode
+from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION, DeviceId
 from migpart.errors import StaleSnapshot
 from migpart.kube.cel import slice_device
-from migpart.mig import Profile, device_name
+from migpart.mig import Instance, Profile
 
 log = structlog.get_logger(__name__)
 
-RESOURCE_GROUP = "resource.k8s.io"
-RESOURCE_VERSION = "v1"
 SLICE_PLURAL = "resourceslices"
 DIGEST_ANNOTATION = "migpart.io/devices-digest"
 
@@ -52,11 +51,16 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
-def _wanted(spec: MigNodeSpec | None) -> dict[int, set[tuple[str, int]]]:
-    """GPU index -> desired (profile, start); GPUs the operator never planned are absent."""
-    if spec is None or spec.plan_id is None:
-        return {}
-    return {g.index: {(i.profile, i.start) for i in g.instances} for g in spec.gpus}
+def _instances(node: MigNode) -> Iterable[tuple[GpuStatus, MigInstanceStatus, DeviceId, bool]]:
+    """Every instance the node's status reports, with its device and whether the spec still
+    wants it (`MigNode.desired`: a GPU the spec wants nothing of keeps what it has)."""
+    name = str(node.metadata.get("name", ""))
+    desired = node.desired()
+    for gpu in node.status.gpus if node.status else []:
+        want = desired.get(gpu.index)
+        for inst in gpu.instances:
+            wanted = want is None or Instance(inst.profile, inst.start) in want
+            yield gpu, inst, DeviceId.of(name, gpu.index, inst.profile, inst.start), wanted
 
 
 def instance_device(gpu: GpuStatus, inst: MigInstanceStatus) -> Device:
@@ -83,19 +87,11 @@ def slice_devices(node: MigNode, withdrawn: Iterable[str] = ()) -> list[Device]:
     it: the agent will not destroy it, and its claim's allocation refers to it.
     """
     gone = set(withdrawn)
-    wanted = _wanted(node.spec)
     devices: list[Device] = []
-    for gpu in node.status.gpus if node.status else []:
-        if not gpu.mig_enabled:
+    for gpu, inst, device, wanted in _instances(node):
+        if not gpu.mig_enabled or device.device in gone:
             continue
-        for inst in gpu.instances:
-            name = device_name(gpu.index, inst.profile, inst.start)
-            if name in gone:
-                continue
-            desired = wanted.get(gpu.index)
-            in_use = inst.state != "Free"
-            if desired is not None and (inst.profile, inst.start) not in desired and not in_use:
-                continue
+        if wanted or inst.state != "Free":
             devices.append(instance_device(gpu, inst))
     return sorted(devices, key=lambda d: str(d["name"]))
 
@@ -301,18 +297,10 @@ class SlicePublisher:
         pending = self._withdrawn.get(name)
         if not pending:
             return
-        desired = _wanted(node.spec)
-        present: set[str] = set()
-        wanted: set[str] = set()
-        for gpu in node.status.gpus if node.status else []:
-            for inst in gpu.instances:
-                name_ = device_name(gpu.index, inst.profile, inst.start)
-                present.add(name_)
-                spec = desired.get(gpu.index)
-                if spec is None or (inst.profile, inst.start) in spec:
-                    wanted.add(name_)
         # A withdrawn device that the spec still lists is mid-protocol: keep it withdrawn.
-        pending.intersection_update(present & wanted)
+        pending.intersection_update(
+            device.device for _, _, device, wanted in _instances(node) if wanted
+        )
 
     async def publish(self, name: str) -> Published:
         """Write the slice of node `name` if its content changed (generation + 1)."""

@@ -1,11 +1,11 @@
 """MigNodes -> the planner's Snapshot: what each GPU holds and which instances are in use.
 
 A GPU's layout, as the planner must see it, is the desired one where the operator already
-wrote a plan for it (`spec`), so that instances still being created count as there and are not
-planned twice; instances the status reports in use but the spec dropped are added (the agent
-never destroys them). `used` is true for instances that are Prepared or Busy on the node, or
-that any ResourceClaim's allocation names (the scheduler may allocate before the agent
-prepares).
+wrote a plan for it (`MigNodeSpec.desired`), so that instances still being created count as
+there and are not planned twice; instances the status reports in use but the spec dropped are
+added (the agent never destroys them). `used` is true for instances that are Prepared or Busy
+on the node, or that any ResourceClaim's allocation names (the scheduler may allocate before
+the agent prepares).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from migpart.api.models import GpuStatus, MigNode
-from migpart.kube.claims import AllocatedDevice
-from migpart.mig import ModelTable, device_name
+from migpart.dra import DeviceId
+from migpart.mig import Instance, ModelTable
 from migpart.planning.model import GpuState, InstanceState, NodeState, Snapshot
 
 
@@ -25,29 +25,28 @@ def node_name(node: MigNode) -> str:
 def gpu_state(
     name: str,
     gpu: GpuStatus,
-    desired: list[tuple[str, int]] | None,
-    allocated: frozenset[AllocatedDevice],
+    desired: frozenset[Instance] | None,
+    allocated: frozenset[DeviceId],
 ) -> GpuState:
-    """One GPU's current layout for the planner (see the module docstring)."""
-    actual = {(i.profile, i.start): i for i in gpu.instances}
+    """One GPU's current layout for the planner (see the module docstring); `desired` is
+    None where the spec wants nothing of this GPU."""
+    actual = {Instance(i.profile, i.start): i for i in gpu.instances}
 
-    def used(profile: str, start: int) -> bool:
-        inst = actual.get((profile, start))
+    def used(key: Instance) -> bool:
+        inst = actual.get(key)
         if inst is not None and inst.state != "Free":
             return True
-        return AllocatedDevice(name, device_name(gpu.index, profile, start)) in allocated
+        return DeviceId.of(name, gpu.index, key.profile, key.start) in allocated
 
-    keys = list(actual) if desired is None else list(desired)
-    keys += [k for k in actual if k not in keys and used(*k)]
-    instances = tuple(
-        InstanceState(profile, start, used(profile, start)) for profile, start in sorted(keys)
-    )
+    keys = set(actual) if desired is None else set(desired)
+    keys |= {k for k in actual if used(k)}
+    instances = tuple(InstanceState(k.profile, k.start, used(k)) for k in sorted(keys))
     return GpuState(node=name, index=gpu.index, model=gpu.model, instances=instances)
 
 
 def build_snapshot(
     nodes: Iterable[MigNode],
-    allocated: frozenset[AllocatedDevice],
+    allocated: frozenset[DeviceId],
     known_tables: Mapping[str, ModelTable] | None = None,
 ) -> Snapshot:
     """The planner's view of `nodes`; GPUs without MIG mode or nodes without status are left
@@ -59,9 +58,7 @@ def build_snapshot(
         if node.status is None:
             continue
         name = node_name(node)
-        planned: dict[int, list[tuple[str, int]]] = {}
-        if node.spec is not None and node.spec.plan_id is not None:
-            planned = {g.index: [(i.profile, i.start) for i in g.instances] for g in node.spec.gpus}
+        planned = node.desired()
         gpus: list[GpuState] = []
         for gpu in sorted(node.status.gpus, key=lambda g: g.index):
             if not gpu.mig_enabled:

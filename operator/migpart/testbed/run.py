@@ -15,10 +15,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from migpart.dra import now_iso
 from migpart.errors import MigpartError
 from migpart.testbed.build import build
 
@@ -130,7 +130,7 @@ class Testbed:
                 f"    kubernetes.io/hostname: {name}\n{label_lines}"
             ),
         )
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = now_iso()
         resources = {"cpu": "128", "memory": "1Ti", "pods": "250"}
         status = {
             "status": {

@@ -13,7 +13,7 @@ import pytest
 
 from migpart.agent.cdi import CdiWriter, cap_minor
 from migpart.agent.checkpoint import Checkpoint
-from migpart.agent.claims import AllocatedDevice, InMemoryClaims
+from migpart.agent.claims import InMemoryClaims
 from migpart.agent.plugin import DraDriver, KubeletPlugin
 from migpart.agent.proto import (
     dra_v1_pb2,
@@ -25,7 +25,8 @@ from migpart.agent.proto import (
 )
 from migpart.agent.reconciler import reconcile_once
 from migpart.agent.simulator import SimulatedNvml
-from migpart.api.models import DRIVER, GpuSpec, MigNodeSpec
+from migpart.api.models import GpuSpec, MigNodeSpec
+from migpart.dra import DRIVER, AllocatedDevice
 from tests.unit.agent.conftest import H100
 
 if TYPE_CHECKING:

@@ -18,11 +18,12 @@ from migpart.api import (
     GpuStatus,
     LabelSelector,
     MigNode,
+    MigNodeSpec,
     MigNodeStatus,
     ProfileInfo,
     condition_status,
 )
-from migpart.mig import CATALOG
+from migpart.mig import CATALOG, Instance
 from migpart.planning.model import PolicyView, Spare
 
 REPO = Path(__file__).parents[3]
@@ -331,3 +332,17 @@ def test_sample_policies_parse(path: str) -> None:
     body = yaml.safe_load((REPO / path).read_text())
     policy = GpuPartitionPolicy.model_validate(body)
     assert policy.metadata["name"]
+
+
+def test_what_a_spec_wants_needs_a_plan_id() -> None:
+    gpus = [
+        {"index": 0, "instances": [{"profile": "3g.40gb", "start": 4}]},
+        {"index": 2, "instances": []},
+    ]
+    planned = MigNodeSpec.model_validate({"planId": "p1", "gpus": gpus})
+    assert planned.desired() == {0: frozenset({Instance("3g.40gb", 4)}), 2: frozenset()}
+    # not written by a plan (the agent's own empty MigNode, a hand edit): wants nothing
+    assert MigNodeSpec.model_validate({"gpus": gpus}).desired() == {}
+    assert MigNodeSpec().desired() == {}
+    assert MigNode().desired() == {}
+    assert MigNode(spec=planned).desired() == planned.desired()

@@ -12,9 +12,8 @@ from migpart.api.models import MigInstanceStatus, MigNodeStatus
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster, scope_of
 from migpart.controller.state import FRESH_S, OperatorState, Sighting
+from migpart.dra import DRIVER, DeviceId, allocated_ids
 from migpart.kube.claims import (
-    AllocatedDevice,
-    allocated_devices,
     pending_claims,
     pod_claim_keys,
     pod_unschedulable,
@@ -24,7 +23,6 @@ from migpart.kube.placement import NodeFacts
 from tests.unit.kube.factories import gpu
 
 ROOT = Path(__file__).resolve().parents[3]
-DRIVER = "mig.migpart.io"
 
 
 def claim(name: str, *, uid: str = "", allocated_to: str | None = None) -> dict[str, Any]:
@@ -100,10 +98,10 @@ def test_a_claim_is_pending_when_unallocated_and_a_pod_waits_for_it() -> None:
 
 
 def test_only_our_drivers_devices_count_as_allocated() -> None:
-    assert allocated_devices(claim("c", allocated_to="gpu-0-3g40gb-0")) == {
-        AllocatedDevice("n1", "gpu-0-3g40gb-0")
+    assert allocated_ids(claim("c", allocated_to="gpu-0-3g40gb-0")) == {
+        DeviceId("n1", "gpu-0-3g40gb-0")
     }
-    assert allocated_devices(claim("c")) == frozenset()
+    assert allocated_ids(claim("c")) == frozenset()
 
 
 def test_prepared_claims_come_from_every_nodes_instances() -> None:
@@ -175,9 +173,9 @@ def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
         api=cast(Any, None), credentials=cast(Any, None), publisher=cast(Any, None)
     )
     now, long_ago = time.monotonic(), time.monotonic() - FRESH_S - 1
-    lagging_device = AllocatedDevice("n1", "gpu-0-1g10gb-0")
-    indexed_device = AllocatedDevice("n1", "gpu-0-3g40gb-0")
-    stale_device = AllocatedDevice("n1", "gpu-0-7g80gb-0")
+    lagging_device = DeviceId("n1", "gpu-0-1g10gb-0")
+    indexed_device = DeviceId("n1", "gpu-0-3g40gb-0")
+    stale_device = DeviceId("n1", "gpu-0-7g80gb-0")
     state.fresh_allocations = {
         # the index still shows it unallocated: not pending, its device used
         "uid-lagging": Sighting(frozenset({lagging_device}), now),

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import yaml
 
+from migpart.dra import DEVICE_CLASS
 from migpart.kube.demand import (
     ClaimDemand,
     Unsatisfiable,
     claim_demand,
     class_selectors,
-    demand,
     is_ours,
 )
 from migpart.mig import CATALOG
@@ -304,15 +304,15 @@ def test_class_ownership() -> None:
     assert class_selectors(CLASSES["mig-large"])[1].endswith(">= 3")
 
 
-def test_demand_splits_wanted_and_hopeless() -> None:
+def test_a_claim_is_wanted_hopeless_or_not_ours() -> None:
+    nodes = frozenset({"n1"})
     ok = _claim(_req(selectors=[f'{ATTR}.profile == "1g.10gb"']))
+    wanted = _wanted(claim_demand(ok, CLASSES, TABLES, ANY, nodes=nodes))
+    assert (wanted.request.name, wanted.request.nodes) == ("team-a/c1", nodes)
     bad = _claim(_req(allocationMode="All"))
-    bad["metadata"]["name"] = "c2"
+    assert "allocationMode All" in _refused(claim_demand(bad, CLASSES, TABLES, ANY)).reason
     foreign = _claim(_req(cls="gpu.nvidia.com"))
-    wanted, hopeless = demand([ok, bad, foreign], CLASSES, TABLES, ANY, nodes=frozenset({"n1"}))
-    assert [w.request.name for w in wanted] == ["team-a/c1"]
-    assert wanted[0].request.nodes == frozenset({"n1"})
-    assert [h.claim for h in hopeless] == ["team-a/c2"]
+    assert claim_demand(foreign, CLASSES, TABLES, ANY, nodes=nodes) is None
 
 
 def test_deviceclass_manifest_is_ours() -> None:
@@ -320,6 +320,6 @@ def test_deviceclass_manifest_is_ours() -> None:
         (Path(__file__).parents[3] / "manifests" / "deviceclass.yaml").read_text()
     )
     assert body["apiVersion"] == "resource.k8s.io/v1"
-    assert body["metadata"]["name"] == "mig.migpart.io"
+    assert body["metadata"]["name"] == DEVICE_CLASS
     assert is_ours(body, TABLES)
     assert not is_ours(body | {"spec": {"selectors": [{"cel": {"expression": "false"}}]}}, TABLES)

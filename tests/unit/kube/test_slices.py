@@ -8,7 +8,6 @@ from typing import Any, cast
 import pytest
 
 from migpart.api.models import (
-    DRIVER,
     GpuSpec,
     GpuStatus,
     MigInstanceSpec,
@@ -16,6 +15,7 @@ from migpart.api.models import (
     MigNodeSpec,
     MigNodeStatus,
 )
+from migpart.dra import DRIVER
 from migpart.kube.cel import device_from_slice, virtual_device
 from migpart.kube.slices import (
     SlicePublisher,
@@ -64,6 +64,14 @@ def test_a_free_instance_the_spec_drops_is_not_published_a_used_one_is() -> None
 def test_a_gpu_the_spec_does_not_mention_is_published_as_is() -> None:
     n = node([gpu(0, ("7g.80gb", 0, "Free")), gpu(1, ("7g.80gb", 0, "Free"))], {0: []})
     assert names(n) == ["gpu-1-7g80gb-0"]
+
+
+def test_a_spec_without_a_plan_id_wants_nothing_and_drops_nothing() -> None:
+    """The agent leaves such a spec alone (`MigNodeSpec.desired`), so every created instance
+    stays published: nothing was withdrawn for it."""
+    n = node([gpu(0, ("7g.80gb", 0, "Free"))], {0: []})
+    unplanned = n.model_copy(update={"spec": n.spec.model_copy(update={"plan_id": None})})
+    assert names(unplanned) == ["gpu-0-7g80gb-0"]
 
 
 def test_withdrawn_devices_are_left_out_even_when_in_use() -> None:
