@@ -1,7 +1,8 @@
 """The small error vocabulary of migpart.
 
-Every layer raises one of these; the kopf handlers map them to PermanentError or
-TemporaryError in one place (`migpart.controller.errors`), the CLI maps them to exit codes.
+Every layer raises one of these. On the operator side `migpart.controller.errors` decides in
+one place what each means for a retry; the agent handles `GpuBusy` and `NvmlFailure` itself
+(they never reach the operator); the CLI maps them to exit codes.
 """
 
 from __future__ import annotations
@@ -32,16 +33,12 @@ class InvalidLayout(InvalidInput):
     """A set of MIG instances that cannot coexist on one GPU."""
 
 
-class PlanInfeasible(MigpartError):
-    """No layout can serve a request; retrying does not help until something changes."""
-
-
 class GpuBusy(MigpartError):
-    """An instance cannot be destroyed because it is prepared for a claim or runs processes."""
+    """NVML refused to destroy an instance because it is in use (agent only)."""
 
 
 class NvmlFailure(MigpartError):
-    """An NVML call failed; `code` is the NVML return code when known."""
+    """An NVML call failed; `code` is the NVML return code when known (agent only)."""
 
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)

@@ -1,12 +1,19 @@
-"""The one place where migpart's errors become kopf's retry decisions.
+"""The one place where the operator decides what an error means for a retry.
 
 Permanent: input that will never work as given (retrying cannot help; the object must change).
-Temporary: the world moved or a call failed; kopf retries the handler after `delay` seconds.
+Temporary: the world moved or a call failed; retry after a delay.
 
-A policy's planning loop must not end on an expected error (the policy would silently stop
-being served until it changes or the loop restarts): `survive` runs one round, reports
-a failure and says how long to wait before the next one. A permanent failure is retried too,
-only later (`PERMANENT_RETRY_S`) or as soon as something the policy watches changes.
+Only errors that can reach the operator are classified here: `InvalidInput` (from parsing a
+MigNode or a claim), `StaleSnapshot` (the slice publisher) and API errors. `GpuBusy` and
+`NvmlFailure` are the agent's: they never cross the API server, and the agent handles them
+itself. Any other `MigpartError` is temporary with the API delay.
+
+Two consumers: kopf handlers, through `kopf_errors()` (kopf retries the handler after the
+delay), and a policy's planning loop, through `survive`. The loop must not end on an expected
+error (the policy would silently stop being served until it changes or the loop restarts):
+`survive` runs one round, reports a failure and says how long to wait before the next one. A
+permanent failure is retried too, only later (`PERMANENT_RETRY_S`) or as soon as something the
+policy watches changes.
 """
 
 from __future__ import annotations
@@ -18,41 +25,43 @@ from dataclasses import dataclass
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.errors import (
-    GpuBusy,
-    InvalidInput,
-    MigpartError,
-    NvmlFailure,
-    PlanInfeasible,
-    StaleSnapshot,
-)
+from migpart.errors import InvalidInput, MigpartError, StaleSnapshot
 
 STALE_DELAY_S = 1.0
-BUSY_DELAY_S = 10.0
-INFEASIBLE_DELAY_S = 30.0
 API_DELAY_S = 5.0
 PERMANENT_RETRY_S = 60.0
 
 
-def to_kopf(error: MigpartError | ApiException) -> kopf.PermanentError | kopf.TemporaryError:
-    """Map one error to kopf's vocabulary (see the module docstring)."""
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What an error means: its message, whether retrying as is can help, and when to retry
+    (a permanent failure only in case the object was fixed meanwhile)."""
+
+    message: str
+    permanent: bool
+    retry_s: float
+
+
+def classify(error: MigpartError | ApiException) -> Failure:
+    """Map one error to a retry decision (see the module docstring)."""
     if isinstance(error, ApiException):
         if error.status in (400, 403, 422):
-            return kopf.PermanentError(f"API server refused: {error.status} {error.reason}")
-        return kopf.TemporaryError(
-            f"API call failed: {error.status} {error.reason}", delay=API_DELAY_S
-        )
+            message = f"API server refused: {error.status} {error.reason}"
+            return Failure(message, True, PERMANENT_RETRY_S)
+        return Failure(f"API call failed: {error.status} {error.reason}", False, API_DELAY_S)
     if isinstance(error, InvalidInput):
-        return kopf.PermanentError(str(error))
+        return Failure(str(error), True, PERMANENT_RETRY_S)
     if isinstance(error, StaleSnapshot):
-        return kopf.TemporaryError(str(error), delay=STALE_DELAY_S)
-    if isinstance(error, GpuBusy):
-        return kopf.TemporaryError(str(error), delay=BUSY_DELAY_S)
-    if isinstance(error, PlanInfeasible):
-        return kopf.TemporaryError(str(error), delay=INFEASIBLE_DELAY_S)
-    if isinstance(error, NvmlFailure):
-        return kopf.TemporaryError(str(error), delay=API_DELAY_S)
-    return kopf.TemporaryError(str(error), delay=API_DELAY_S)
+        return Failure(str(error), False, STALE_DELAY_S)
+    return Failure(str(error), False, API_DELAY_S)
+
+
+def to_kopf(error: MigpartError | ApiException) -> kopf.PermanentError | kopf.TemporaryError:
+    """The kopf error that makes kopf retry a handler as `classify` says."""
+    failure = classify(error)
+    if failure.permanent:
+        return kopf.PermanentError(failure.message)
+    return kopf.TemporaryError(failure.message, delay=failure.retry_s)
 
 
 @contextmanager
@@ -76,12 +85,11 @@ class Outcome:
 
 async def survive(round_: Callable[[], Awaitable[object]], tick_s: float) -> Outcome:
     """Run one round; a migpart or API error becomes an Outcome instead of ending the caller.
-    The wait is the tick, or the failure's retry delay when that is longer."""
+    The wait is the tick, or the failure's retry delay when that is longer. Anything else is a
+    bug and propagates."""
     try:
-        with kopf_errors():
-            await round_()
-    except kopf.TemporaryError as error:
-        return Outcome(max(tick_s, error.delay or API_DELAY_S), str(error))
-    except kopf.PermanentError as error:
-        return Outcome(max(tick_s, PERMANENT_RETRY_S), str(error), permanent=True)
+        await round_()
+    except (MigpartError, ApiException) as error:
+        failure = classify(error)
+        return Outcome(max(tick_s, failure.retry_s), failure.message, failure.permanent)
     return Outcome(tick_s)

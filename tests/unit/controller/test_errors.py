@@ -1,20 +1,23 @@
-"""A policy round's failure becomes an Outcome: the planning loop survives every error."""
+"""A policy round's failure becomes an Outcome: the planning loop survives every error; kopf
+handlers get the same decision as kopf errors."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import kopf
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.controller.errors import (
     API_DELAY_S,
-    BUSY_DELAY_S,
     PERMANENT_RETRY_S,
+    STALE_DELAY_S,
     Outcome,
+    kopf_errors,
     survive,
 )
-from migpart.errors import GpuBusy, InvalidInput, StaleSnapshot
+from migpart.errors import InvalidInput, MigpartError, StaleSnapshot
 
 
 def failing(error: Exception) -> Callable[[], Awaitable[None]]:
@@ -41,7 +44,8 @@ async def test_a_round_that_works_waits_one_tick() -> None:
             PERMANENT_RETRY_S,
             True,
         ),
-        (GpuBusy("gpu 0 busy"), BUSY_DELAY_S, False),
+        (StaleSnapshot("slice kept changing"), STALE_DELAY_S, False),
+        (MigpartError("anything else"), API_DELAY_S, False),
     ],
 )
 async def test_a_failed_round_is_reported_and_retried_later(
@@ -68,3 +72,12 @@ async def test_a_long_tick_is_never_shortened_by_a_quick_retry() -> None:
 async def test_other_exceptions_are_bugs_and_propagate() -> None:
     with pytest.raises(ZeroDivisionError):
         await survive(failing(ZeroDivisionError("bug")), 1.0)
+
+
+def test_kopf_handlers_get_the_same_decision() -> None:
+    with pytest.raises(kopf.TemporaryError) as temporary, kopf_errors():
+        raise StaleSnapshot("moved")
+    assert (str(temporary.value), temporary.value.delay) == ("moved", STALE_DELAY_S)
+    with pytest.raises(kopf.PermanentError) as permanent, kopf_errors():
+        raise ApiException(status=403, reason="Forbidden")
+    assert str(permanent.value) == "API server refused: 403 Forbidden"
