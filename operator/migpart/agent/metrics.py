@@ -34,6 +34,12 @@ class AgentMetrics:
             ["node", "code"],
             registry=self.registry,
         )
+        self.status_write_failures = Counter(
+            "migpart_agent_status_write_failures",
+            "Reconcile passes whose MigNode status write failed (API server error or no answer)",
+            ["node"],
+            registry=self.registry,
+        )
         self.operations = Counter(
             "migpart_agent_mig_operations",
             "MIG instances created and destroyed",
@@ -62,6 +68,9 @@ class AgentMetrics:
 
     def nvml_error(self, code: int | None) -> None:
         self.nvml_errors.labels(self.node, str(code) if code is not None else "unknown").inc()
+
+    def status_write_failed(self) -> None:
+        self.status_write_failures.labels(self.node).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

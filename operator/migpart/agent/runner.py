@@ -2,8 +2,9 @@
 period passes, and write the result to MigNode.status.
 
 The loop is level-triggered: a trigger only says "look again"; every pass reads the latest
-spec and the whole NVML state. Failures of one pass (an NVML error, an API server hiccup) are
-logged, counted and retried with backoff; they never kill the loop.
+spec and the whole NVML state. Failures of one pass (an NVML error, a status write the API
+server refused or never answered) are logged, counted and retried with backoff; they never
+kill the loop.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -19,6 +19,7 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.agent.reconciler import reconcile_once
+from migpart.dra import now_iso
 from migpart.errors import GpuBusy, NvmlFailure
 
 if TYPE_CHECKING:
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
     from migpart.api.models import MigNodeSpec, MigNodeStatus
 
 log = structlog.get_logger("migpart.agent")
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Agent:
@@ -70,12 +67,12 @@ class Agent:
             self.trigger.set()
 
     async def reconcile(self) -> None:
-        """One pass: converge, then write the status if it changed."""
+        """One pass: converge, then write the status if it changed. Its duration is recorded
+        only when the whole pass, status write included, succeeded."""
         started = time.monotonic()
         result = await reconcile_once(
-            self.spec, self.backend, self.checkpoint, previous=self.status, now=_now()
+            self.spec, self.backend, self.checkpoint, previous=self.status, now=now_iso()
         )
-        self.metrics.reconcile_seconds.labels(self.node).observe(time.monotonic() - started)
         for op in result.ops:
             self.metrics.operations.labels(self.node, op.kind).inc()
         if result.status != self.status:
@@ -88,6 +85,7 @@ class Agent:
                 ops=len(result.ops),
             )
         self.status = result.status
+        self.metrics.reconcile_seconds.labels(self.node).observe(time.monotonic() - started)
         self.metrics.observe_status(result.status)
         self.metrics.ready = True
 
@@ -108,6 +106,7 @@ class Agent:
                     log.warning("reconcile_failed", node=self.node, error=str(err))
                     delay, backoff = backoff, min(backoff * 2, 60.0)
                 except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+                    self.metrics.status_write_failed()
                     log.warning("status_write_failed", node=self.node, error=str(err))
                     delay, backoff = backoff, min(backoff * 2, 60.0)
                 with contextlib.suppress(asyncio.TimeoutError):

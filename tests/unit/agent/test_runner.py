@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.agent.kube import InMemoryMigNodes, status_patch
 from migpart.agent.metrics import AgentMetrics, HealthServer
@@ -89,6 +90,40 @@ async def test_nvml_failure_is_counted_and_retried(
         {"node": "node-a", "code": str(pynvml.NVML_ERROR_UNKNOWN)},
     )
     assert sample == 1
+
+
+class FlakyStore(InMemoryMigNodes):
+    """The API server refuses the first status write."""
+
+    def __init__(self, spec: MigNodeSpec) -> None:
+        super().__init__(spec)
+        self.refused = 0
+
+    async def write_status(self, status: MigNodeStatus) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise ApiException(status=503, reason="Service Unavailable")
+        await super().write_status(status)
+
+
+async def test_a_failed_status_write_is_counted_and_retried(
+    sim: SimulatedNvml, checkpoint: Checkpoint
+) -> None:
+    store = FlakyStore(one_gpu("p1", ("7g.80gb", 0)))
+    metrics = AgentMetrics("node-a")
+    agent = Agent("node-a", sim, checkpoint, store, metrics, resync_s=3600, backoff_s=0.001)
+    task = asyncio.create_task(agent.run())
+    try:
+        await store.wait_for(lambda s: s.observed_plan_id == "p1")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    value = metrics.registry.get_sample_value
+    assert value("migpart_agent_status_write_failures_total", {"node": "node-a"}) == 1
+    # only the pass whose status reached the API server is a reconcile pass that took time
+    assert value("migpart_agent_reconcile_duration_seconds_count", {"node": "node-a"}) == 1
+    assert not value("migpart_agent_nvml_errors_total", {"node": "node-a", "code": "unknown"})
 
 
 def test_status_patch_clears_observed_plan_id() -> None:
