@@ -121,10 +121,16 @@ def test_max_concurrent_nodes_is_respected(scenario: Scenario) -> None:
 def test_spares_are_kept_free(scenario: Scenario) -> None:
     node = scenario.add_node(f"{H100}:1")
     scenario.policy(spares=[{"profile": "1g.10gb", "count": 2}])
-    scenario.eventually(
-        "two free 1g.10gb spares",
-        lambda: [p for _, p, _ in instances(scenario, node, "Free")].count("1g.10gb") >= 2,
-    )
+
+    def carried_out() -> bool:
+        body = scenario.mignode(node)
+        plan = (body.get("spec") or {}).get("planId")
+        synced = bool(plan) and plan == (body.get("status") or {}).get("observedPlanId")
+        return synced and [p for _, p, _ in instances(scenario, node)].count("1g.10gb") >= 2
+
+    scenario.eventually("the plan for two 1g.10gb spares carried out", carried_out)
+    # exactly the spares, nothing more: over-provisioning fails here
+    assert instances(scenario, node) == [(0, "1g.10gb", "Free")] * 2
 
 
 def test_deleted_pod_frees_its_device_for_reuse(scenario: Scenario) -> None:
