@@ -1,8 +1,10 @@
-"""Demand from ResourceClaims: which MIG profiles, how many, and on one GPU or not.
+"""One claim's demand (`ClaimDemand`): which MIG profiles, how many, and on one GPU or not.
 
-Pure functions over API bodies (dicts as the API server returns them, resource.k8s.io/v1): the
-operator feeds them pending claims, the DeviceClasses and the GPU models' profile tables, and
-gets planner `Request`s, or an `Unsatisfiable` that says in words why migpart cannot help.
+A policy's demand, what `controller.scope` gathers from the claims that fall under it, is
+built from these. Pure functions over API bodies (dicts as the API server returns them,
+resource.k8s.io/v1): the operator feeds them pending claims, the DeviceClasses and the GPU
+models' profile tables, and gets planner `Request`s, or an `Unsatisfiable` that says in words
+why migpart cannot help.
 
 How a claim maps onto `planning.model.Request` (one Request per claim, because a pod's devices
 are all on its node):
