@@ -3,7 +3,8 @@
 The operator publishes devices in a node's ResourceSlice; kube-scheduler allocates them to
 claims; the agent's kubelet plugin prepares what a claim's allocation names. The two sides
 meet only through the API server, so they must agree on the driver name, on how a MIG instance
-is named as a device, and on how a claim's allocation is read. Both import them from here.
+is named as a device, on how a claim's allocation is read, and on how a time is written into an
+API object. Both import them from here.
 This module is a leaf: it imports nothing of migpart but `migpart.mig` (import-linter keeps it
 so), and no client library.
 """

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
-from migpart.mig.layout import Instance
+from migpart.mig import Instance
 from migpart.mig.profiles import PROFILE_NAME_RE, ModelTable, Profile
 from migpart.planning.model import PolicyView, Spare
 
