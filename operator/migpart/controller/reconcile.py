@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -21,12 +21,9 @@ from pydantic import ValidationError
 
 from migpart.api.models import (
     GpuPartitionPolicy,
-    GpuSpec,
     LastPlan,
-    MigInstanceSpec,
-    MigNode,
-    MigNodeSpec,
 )
+from migpart.controller.decisions import choose_nodes, layout_changes, node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo, uid_of
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.scope import Cluster, Demand, Scope, parse_policy
@@ -34,8 +31,8 @@ from migpart.controller.state import JournalEntry, OperatorState, PlanTiming
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import now_iso
 from migpart.kube.claims import body_key, claim_generation
-from migpart.kube.snapshot import build_snapshot, node_name, reconfiguring
-from migpart.planning.model import GpuPlan, Plan, Snapshot
+from migpart.kube.snapshot import build_snapshot, node_name
+from migpart.planning.model import Plan
 from migpart.planning.planner import plan as make_plan
 
 log = structlog.get_logger(__name__)
@@ -48,6 +45,12 @@ MAX_REDO = 3
 # stream of changes (a burst of pods at 1,000 nodes) planning takes at most a fifth of a core
 # per policy, while a cheap plan (small clusters) is not held back noticeably.
 PACE_FACTOR = 4.0
+# A plan that satisfied every request now pending, and wrote every spec it needed, stands for
+# this long: requests waiting for the agents and kube-scheduler to act on it are not planned
+# again on every change (at 1,000 nodes a burst of pods is a stream of changes); after it,
+# the policy plans again anyway (level-triggered: a decision the cluster did not follow is
+# redone).
+COVERED_S = 10.0
 
 
 @dataclass
@@ -58,60 +61,6 @@ class RoundResult:
     # the round held a plan back (batch window open, or paced): run again within a tick even
     # if nothing changes
     deferred: bool = False
-
-
-Geometry = frozenset[tuple[int, str]]  # (start, profile) of each instance of a GPU
-Changes = dict[tuple[str, int], tuple[Geometry, Geometry]]
-
-
-def layout_changes(snapshot: Snapshot, plan: Plan) -> Changes:
-    """(node, GPU index) -> (its instances now, planned) for every GPU the plan changes.
-
-    Plans cover every GPU of the policy (thousands at scale) and few of them change: plain
-    tuples and an early exit for empty GPUs keep this a small part of a round.
-    """
-    now = {(n.name, g.index): g.instances for n in snapshot.nodes for g in n.gpus}
-    changes: Changes = {}
-    for g in plan.gpus:
-        have = now.get((g.node, g.index), ())
-        if not have and not g.instances:
-            continue
-        before = frozenset((i.start, i.profile) for i in have)
-        after = frozenset((i.start, i.profile) for i in g.instances)
-        if before != after:
-            changes[(g.node, g.index)] = (before, after)
-    return changes
-
-
-def changed_nodes(snapshot: Snapshot, plan: Plan) -> list[str]:
-    return sorted({node for node, _ in layout_changes(snapshot, plan)})
-
-
-def choose_nodes(
-    changed: list[str], nodes: Iterable[MigNode], plan: Plan, max_concurrent: int
-) -> list[str]:
-    """The changed nodes to reconfigure now: never one still reconfiguring, and at most
-    `max_concurrent` reconfiguring at once; nodes serving more requests go first."""
-    busy = {node_name(n) for n in nodes if reconfiguring(n)}
-    slots = max(0, max_concurrent - len(busy))
-    served: dict[str, int] = {}
-    for a in plan.assignments:
-        served[a.node] = served.get(a.node, 0) + 1
-    candidates = sorted((n for n in changed if n not in busy), key=lambda n: (-served.get(n, 0), n))
-    return candidates[:slots]
-
-
-def node_spec(plan_id: str, targets: Iterable[GpuPlan]) -> MigNodeSpec:
-    return MigNodeSpec(
-        plan_id=plan_id,
-        gpus=[
-            GpuSpec(
-                index=g.index,
-                instances=[MigInstanceSpec(profile=i.profile, start=i.start) for i in g.instances],
-            )
-            for g in sorted(targets, key=lambda g: g.index)
-        ],
-    )
 
 
 class PolicyRound:
@@ -169,7 +118,8 @@ class PolicyRound:
     def may_plan(self, policy: GpuPartitionPolicy, demand: Demand) -> bool:
         """Gather pending requests for `batchWindowSeconds` before planning for them; with
         nothing pending, plan at once (spares only; an unchanged plan writes nothing). Either
-        way, not sooner than PACE_FACTOR times the last plan's cost after it."""
+        way, not sooner than PACE_FACTOR times the last plan's cost after it, and not while the
+        last plan still covers every pending request (COVERED_S)."""
         now = time.monotonic()
         if demand.requests:
             first = self.state.first_pending.setdefault(self.name, now)
@@ -180,8 +130,14 @@ class PolicyRound:
         else:
             self.state.first_pending.pop(self.name, None)
         last = self.state.last_plans.get(self.name)
-        if last is not None and now - last.at < PACE_FACTOR * last.cost_s:
+        if last is None:
+            return True
+        if now - last.at < PACE_FACTOR * last.cost_s:
             self.retry_in_s = last.at + PACE_FACTOR * last.cost_s - now
+            return False
+        pending = {r.name for r in demand.requests}
+        if pending and pending <= last.covered and now - last.at < COVERED_S:
+            self.retry_in_s = last.at + COVERED_S - now
             return False
         return True
 
@@ -194,12 +150,15 @@ class PolicyRound:
         started = time.perf_counter()
         plan = make_plan(snapshot, scope.demand.requests, policy.spec.policy_view())
         duration_s = time.perf_counter() - started
-        self.state.last_plans[self.name] = PlanTiming(time.monotonic(), time.perf_counter() - began)
+        timing = PlanTiming(time.monotonic(), time.perf_counter() - began)
+        self.state.last_plans[self.name] = timing
         self.state.metrics.plan_duration.labels(self.name).observe(duration_s)
         changes = layout_changes(snapshot, plan)
         changed = sorted({node for node, _ in changes})
         result = RoundResult(planned=True, plan=plan)
+        satisfied = frozenset(a.request for a in plan.assignments)
         if not changed:
+            self.state.last_plans[self.name] = replace(timing, covered=satisfied)
             return result, None
         chosen = choose_nodes(
             changed, scope.nodes, plan, policy.spec.reconfiguration.max_concurrent_nodes
@@ -212,7 +171,7 @@ class PolicyRound:
             plan_id=plan_id,
             time=now_iso(),
             duration_millis=round(duration_s * 1000, 3),
-            satisfied=len({a.request for a in plan.assignments}),
+            satisfied=len(satisfied),
             unsatisfied=len(plan.unsatisfied),
             created=created,
             destroyed=destroyed,
@@ -237,7 +196,7 @@ class PolicyRound:
             nodes=chosen,
             created=created,
             destroyed=destroyed,
-            satisfied=sorted({a.request for a in plan.assignments}),
+            satisfied=sorted(satisfied),
             unsatisfied=sorted(plan.unsatisfied),
             targets={
                 f"{g.node}/{g.index}": sorted(f"{i.profile}@{i.start}" for i in g.instances)
@@ -254,6 +213,8 @@ class PolicyRound:
             self.state.metrics.repartitions.labels(self.name).inc()
             self.log.info("mignode_spec_written", node=name, plan_id=plan_id)
             result.written_nodes.append(name)
+        if chosen == changed:
+            self.state.last_plans[self.name] = replace(timing, covered=satisfied)
         return result, last_plan
 
     def warn_unsatisfiable(self, claims: Iterable[tuple[Body, str]]) -> None:
