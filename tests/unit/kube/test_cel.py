@@ -11,17 +11,15 @@ from hypothesis import strategies as st
 
 from migpart.kube.cel import (
     Device,
-    Quantity,
     SelectorError,
-    Semver,
     compile_selector,
     device_from_slice,
     evaluate,
     matches,
-    parse_quantity,
     slice_device,
     virtual_device,
 )
+from migpart.kube.cel_library import Quantity, Semver, parse_quantity
 from migpart.mig import CATALOG
 
 H100 = CATALOG["NVIDIA H100 80GB HBM3"]
