@@ -26,7 +26,7 @@ from migpart.api.models import (
 from migpart.controller.decisions import choose_nodes, layout_changes, node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo, uid_of
 from migpart.controller.indexes import with_own_writes
-from migpart.controller.scope import Cluster, Demand, Scope, parse_policy
+from migpart.controller.scope import Cluster, PolicyDemand, Scope, parse_policy
 from migpart.controller.state import JournalEntry, OperatorState, PlanTiming
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import now_iso
@@ -115,7 +115,7 @@ class PolicyRound:
         self.deferred = result.deferred = deferred
         return result
 
-    def may_plan(self, policy: GpuPartitionPolicy, demand: Demand) -> bool:
+    def may_plan(self, policy: GpuPartitionPolicy, demand: PolicyDemand) -> bool:
         """Gather pending requests for `batchWindowSeconds` before planning for them; with
         nothing pending, plan at once (spares only; an unchanged plan writes nothing). Either
         way, not sooner than PACE_FACTOR times the last plan's cost after it, and not while the

@@ -4,7 +4,7 @@ Which policy a node follows: the highest `priority` among the policies whose sel
 the Node's labels (ties: the policy name that sorts first). Which policy a pending claim falls
 under: the first policy in that same order, having nodes the claim's pods may run on, under
 which some profile satisfies every request of the claim. A claim no policy can satisfy is
-reported by the policy first in line (see `Demand.unsatisfiable`).
+reported by the policy first in line (see `PolicyDemand.unsatisfiable`).
 
 A round runs after every change the operator watches, so at 1,000 nodes and thousands of
 claims it must not redo per round what did not change. `ScopeCache`, kept across rounds (and
@@ -62,7 +62,7 @@ class Cluster:
 
 
 @dataclass(frozen=True)
-class Demand:
+class PolicyDemand:
     """The pending claims of one policy, turned into planner requests."""
 
     requests: tuple[Request, ...]
@@ -75,7 +75,7 @@ class Scope:
     """The nodes of one policy and the demand that falls under it."""
 
     nodes: tuple[MigNode, ...]
-    demand: Demand
+    demand: PolicyDemand
     # the profile table of every GPU model on the policy's nodes
     tables: Mapping[str, ModelTable] = field(default_factory=dict)
     gpus: int = 0
@@ -460,7 +460,7 @@ class ScopeCache:
                 tables.setdefault(model, table)
         return Scope(
             nodes=tuple(v.node for v in views),
-            demand=Demand(tuple(requests), tuple(unsatisfiable), pending),
+            demand=PolicyDemand(tuple(requests), tuple(unsatisfiable), pending),
             tables=tables,
             gpus=sum(v.gpus for v in views),
         )
