@@ -4,28 +4,21 @@ Nothing here performs I/O, logs or reads the clock.
 """
 
 from migpart.mig.catalog import CATALOG, builtin_table, lookup_table
-from migpart.mig.layout import (
-    Instance,
-    addable_placements,
-    check_layout,
-    enumerate_layouts,
-    layout_problems,
-    memory_mask,
-)
+from migpart.mig.layout import Instance, addable_placements, enumerate_layouts, layout_problems
+from migpart.mig.occupancy import Occupancy
 from migpart.mig.profiles import ModelTable, Profile, device_name, parse_profile_name
 
 __all__ = [
     "CATALOG",
     "Instance",
     "ModelTable",
+    "Occupancy",
     "Profile",
     "addable_placements",
     "builtin_table",
-    "check_layout",
     "device_name",
     "enumerate_layouts",
     "layout_problems",
     "lookup_table",
-    "memory_mask",
     "parse_profile_name",
 ]

@@ -15,8 +15,9 @@ from __future__ import annotations
 from migpart.errors import UnknownModel
 from migpart.mig.profiles import ModelTable, Profile
 
-# Columns: name, compute slices, memory slices, starts, max instances, memory MiB, SMs,
-#          copy engines, decoders, encoders, jpegs, ofas, NVML profile index, NVML profile id
+# Columns, the fields of `Profile` in its order: name, compute slices, memory slices, starts,
+# max instances, memory MiB, SMs, copy engines, decoders, encoders, jpegs, ofas, NVML profile
+# index, NVML profile id
 _Row = tuple[str, int, int, tuple[int, ...], int, int, int, int, int, int, int, int, int, int]
 
 _ALL7 = (0, 1, 2, 3, 4, 5, 6)
@@ -49,25 +50,7 @@ def _seven_slice_rows(
 
 
 def _table(model: str, compute: int, memory: int, rows: list[_Row]) -> ModelTable:
-    profiles = tuple(
-        Profile(
-            name=r[0],
-            compute_slices=r[1],
-            memory_slices=r[2],
-            placements=r[3],
-            max_instances=r[4],
-            memory_mib=r[5],
-            multiprocessors=r[6],
-            copy_engines=r[7],
-            decoders=r[8],
-            encoders=r[9],
-            jpegs=r[10],
-            ofas=r[11],
-            nvml_index=r[12],
-            nvml_id=r[13],
-        )
-        for r in rows
-    )
+    profiles = tuple(Profile(*row) for row in rows)
     return ModelTable(model=model, compute_slices=compute, memory_slices=memory, profiles=profiles)
 
 

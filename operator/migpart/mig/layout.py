@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from migpart.errors import InvalidLayout
+from migpart.mig.occupancy import Occupancy
 from migpart.mig.profiles import ModelTable
 
 
@@ -23,14 +23,6 @@ class Instance:
 
     profile: str
     start: int
-
-
-def memory_mask(table: ModelTable, instances: Iterable[Instance]) -> int:
-    """Bit mask of the memory slices the instances occupy (overlaps are merged)."""
-    mask = 0
-    for inst in instances:
-        mask |= table.profile(inst.profile).mask(inst.start)
-    return mask
 
 
 def layout_problems(table: ModelTable, instances: Iterable[Instance]) -> list[str]:
@@ -81,39 +73,17 @@ def layout_problems(table: ModelTable, instances: Iterable[Instance]) -> list[st
     return problems
 
 
-def check_layout(table: ModelTable, instances: Iterable[Instance], path: str = "") -> None:
-    """Raise InvalidLayout naming the first problem (prefixed with `path`)."""
-    problems = layout_problems(table, instances)
-    if problems:
-        prefix = f"{path}." if path else ""
-        raise InvalidLayout(
-            f"{prefix}{problems[0].split(':', 1)[0]}", problems[0].split(": ", 1)[1]
-        )
-
-
-def _state(table: ModelTable, instances: Iterable[Instance]) -> tuple[int, int, Counter[str]]:
-    mask = 0
-    compute = 0
-    counts: Counter[str] = Counter()
-    for inst in instances:
-        prof = table.profile(inst.profile)
-        mask |= prof.mask(inst.start)
-        compute += prof.compute_slices
-        counts[inst.profile] += 1
-    return mask, compute, counts
-
-
 def addable_placements(table: ModelTable, instances: Iterable[Instance]) -> list[Instance]:
     """Every single instance that could be added to a valid layout keeping it valid."""
-    mask, compute, counts = _state(table, instances)
+    taken = Occupancy.of(table, instances)
     out: list[Instance] = []
     for prof in table.profiles:
-        if counts[prof.name] >= prof.max_instances:
-            continue
-        if compute + prof.compute_slices > table.compute_slices:
+        if taken.headroom(prof) < 1:
             continue
         out.extend(
-            Instance(prof.name, start) for start in prof.placements if not mask & prof.mask(start)
+            Instance(prof.name, start)
+            for start in prof.placements
+            if not taken.mask & prof.mask(start)
         )
     return out
 
@@ -131,7 +101,7 @@ def enumerate_layouts(
 
 @lru_cache(maxsize=4096)
 def _enumerate(table: ModelTable, kept: frozenset[Instance]) -> tuple[frozenset[Instance], ...]:
-    base_mask, base_compute, base_counts = _state(table, kept)
+    base = Occupancy.of(table, kept)
     candidates = sorted(
         (Instance(p.name, s), p.mask(s), p.compute_slices, p.max_instances)
         for p in table.profiles
@@ -151,6 +121,6 @@ def _enumerate(table: ModelTable, kept: frozenset[Instance]) -> tuple[frozenset[
             counts[inst.profile] -= 1
             chosen.pop()
 
-    walk(0, [], base_mask, base_compute, base_counts)
+    walk(0, [], base.mask, base.compute, Counter(base.counts))
     results.sort(key=lambda layout: (len(layout), sorted(layout)))
     return tuple(results)
