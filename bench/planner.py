@@ -45,6 +45,7 @@ from pathlib import Path
 from ortools.sat.python import cp_model
 
 from migpart.mig import CATALOG, Instance, ModelTable, addable_placements
+from migpart.planning.greedy import Greedy
 from migpart.planning.model import (
     GpuState,
     InstanceState,
@@ -54,7 +55,7 @@ from migpart.planning.model import (
     Request,
     Snapshot,
 )
-from migpart.planning.planner import _collector_paused, _Planner, plan
+from migpart.planning.planner import collector_paused, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "fixtures" / "traces" / "openb_pod_list_default.csv"
@@ -540,10 +541,8 @@ def run_operator(
         # (with the collector paused, as plan() pauses it).
         gc.collect()
         started = time.perf_counter()
-        with _collector_paused():
-            scans = [
-                _Planner(r.snapshot, r.requests, PolicyView(), scan=True).run() for r in rounds
-            ]
+        with collector_paused():
+            scans = [Greedy(r.snapshot, r.requests, PolicyView(), scan=True).run() for r in rounds]
         scan_s.append(time.perf_counter() - started)
         scan_sat += sum(len(p.assignments) for p in scans)
         same += plans == scans

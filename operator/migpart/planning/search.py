@@ -26,129 +26,17 @@ free, so the result is deterministic.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from migpart.planning.model import PolicyView, Request, Snapshot
-from migpart.planning.packing import (
-    RANK,
-    Demand,
-    GpuSpace,
-    Memo,
-    NodePacking,
-    OutOfWork,
-    Work,
-    pack,
-)
+from migpart.planning.cost import RANK
+from migpart.planning.packer import Packed, Packer, Solution
+from migpart.planning.packing import NodePacking, OutOfWork, Work
 
 # Moves that only change the cost (not who is served) must gain at least one step of preference
 # rank: chasing the capacity-lost tie-breaker across nodes costs far more than it is worth.
 _STEP = 1 << RANK
-# What looking up a node packing costs in packing steps, cached or not (a step is a transition
-# of the packer's dynamic program, about a microsecond).
-_LOOKUP = 4
 
-_Packed = tuple[NodePacking, list[int]]
 # members, packings, costs, where, satisfied per level: a search state to restore.
 _State = tuple[list[list[int]], list[NodePacking | None], list[int], dict[int, int], list[int]]
-
-
-@dataclass(frozen=True, slots=True)
-class Solution:
-    """Every node's packing (None: untouched) and requests (in the packing's demand order),
-    and the key to compare solutions by: satisfied per priority (negated), then total cost."""
-
-    key: tuple[tuple[int, ...], int]
-    packings: tuple[NodePacking | None, ...]
-    members: tuple[tuple[int, ...], ...]
-
-
-class Packer:
-    """What every search over one problem shares: the nodes' GPUs, each request as each node
-    sees it, the cache of node packings and the allowance of packing steps left."""
-
-    def __init__(
-        self,
-        snapshot: Snapshot,
-        requests: Sequence[Request],
-        policy: PolicyView,
-    ) -> None:
-        self.policy = policy
-        self.work = Work(0)
-        self.memo = Memo()
-        self.spaces: list[tuple[GpuSpace, ...]] = []
-        kinds: dict[tuple[GpuSpace, ...], int] = {}
-        self.kind: list[int] = []
-        offered: list[frozenset[str]] = []
-        for node in snapshot.nodes:
-            spaces = tuple(
-                GpuSpace(
-                    snapshot.table(gpu.model),
-                    frozenset(i.geometry for i in gpu.instances if i.used),
-                    frozenset(i.geometry for i in gpu.instances if not i.used),
-                )
-                for gpu in node.gpus
-            )
-            self.spaces.append(spaces)
-            self.kind.append(kinds.setdefault(spaces, len(kinds)))
-            offered.append(frozenset(p for s in spaces for p in s.table.profile_names))
-        levels = sorted({r.priority for r in requests}, reverse=True)
-        self.level = [levels.index(r.priority) for r in requests]
-        self.n_levels = len(levels)
-        # The request as each node sees it (only the profiles the node's models offer), for the
-        # nodes that could serve it at all.
-        self.demand: list[dict[int, Demand]] = []
-        for request in requests:
-            per_node: dict[int, Demand] = {}
-            if request.count > 0 and request.profiles:
-                profiles = tuple(dict.fromkeys(request.profiles))
-                same = request.same_gpu and request.count > 1
-                for n, node in enumerate(snapshot.nodes):
-                    if request.nodes is not None and node.name not in request.nodes:
-                        continue
-                    mine = tuple(p for p in profiles if p in offered[n])
-                    if mine:
-                        per_node[n] = Demand(mine, request.count, same)
-            self.demand.append(per_node)
-        # Equal demands share an id, ordered like the demands, so that a node's requests sort
-        # into a cache key quickly.
-        ids = {
-            d: k
-            for k, d in enumerate(
-                sorted({d for p in self.demand for d in p.values()}, key=_demand_key)
-            )
-        }
-        self.demands = sorted(ids, key=ids.__getitem__)
-        self.ids: list[dict[int, int]] = [
-            {node: ids[d] for node, d in per_node.items()} for per_node in self.demand
-        ]
-        # Packings by node kind and demand ids; (None, bound): none costs at most `bound`.
-        self.cache: dict[tuple[int, tuple[int, ...]], tuple[NodePacking | None, int | None]]
-        self.cache = {}
-        self.empty: list[int] = []
-        for spaces in self.spaces:
-            found = pack(spaces, (), policy, memo=self.memo)
-            assert found is not None
-            self.empty.append(found.cost)
-
-    def pack(self, node: int, members: Sequence[int], limit: int | None = None) -> _Packed | None:
-        """The exact packing of `members` on `node` and the members in the packing's order.
-
-        With a `limit`, None may also mean that every packing costs more than that.
-        """
-        self.work.spend(_LOOKUP)
-        ids = [(self.ids[i][node], i) for i in members]
-        ids.sort()
-        order = [i for _, i in ids]
-        key = (self.kind[node], tuple(d for d, _ in ids))
-        cached = self.cache.get(key)
-        if cached is not None:
-            found, bound = cached
-            if found is not None or bound is None or (limit is not None and limit <= bound):
-                return None if found is None else (found, order)
-        demands = [self.demands[d] for d in key[1]]
-        found = pack(self.spaces[node], demands, self.policy, limit, self.work, self.memo)
-        self.cache[key] = (found, limit if found is None else None)
-        return None if found is None else (found, order)
 
 
 class NodeSearch:
@@ -166,13 +54,13 @@ class NodeSearch:
         self.satisfied = [0] * packer.n_levels
         self.position: dict[int, int] = {}
 
-    def _pack(self, node: int, members: Sequence[int], limit: int | None = None) -> _Packed | None:
+    def _pack(self, node: int, members: Sequence[int], limit: int | None = None) -> Packed | None:
         return self.packer.pack(node, members, limit)
 
     def _empty(self, node: int) -> int:
         return self.packer.empty[node]
 
-    def _set(self, node: int, packed: _Packed | None) -> None:
+    def _set(self, node: int, packed: Packed | None) -> None:
         if packed is None:
             self.packing[node] = None
             self.members[node] = []
@@ -185,7 +73,7 @@ class NodeSearch:
         for i in order:
             self.where[i] = node
 
-    def _without(self, node: int, gone: int) -> tuple[_Packed | None, int]:
+    def _without(self, node: int, gone: int) -> tuple[Packed | None, int]:
         """The node without request `gone` (None: nothing left on it), and its cost."""
         rest = [m for m in self.members[node] if m != gone]
         if not rest:
@@ -261,7 +149,7 @@ class NodeSearch:
                 self._add(i)
 
     def _insert(self, i: int) -> bool:
-        best: tuple[int, int, _Packed] | None = None
+        best: tuple[int, int, Packed] | None = None
         for node in self.demand[i]:
             limit = None if best is None else self.cost[node] + best[0]
             packed = self._pack(node, [*self.members[node], i], limit)
@@ -283,7 +171,7 @@ class NodeSearch:
         its priority is lower than i's. A move that drops nobody wins over one that drops a
         request; then the cheapest wins."""
         level = self.level[i]
-        best: tuple[tuple[int, int], list[tuple[int, _Packed]], list[int]]
+        best: tuple[tuple[int, int], list[tuple[int, Packed]], list[int]]
         best = ((0, 0), [], [])
         found = False
         for node in self.demand[i]:
@@ -397,7 +285,7 @@ class NodeSearch:
         self._set(node, kept)
         self._add(i)
         for m in displaced:
-            best: tuple[int, int, _Packed] | None = None
+            best: tuple[int, int, Packed] | None = None
             for other in self.demand[m]:
                 if other == node:
                     continue
@@ -514,7 +402,7 @@ class NodeSearch:
     def _replace(self, i: int) -> bool:
         """Serve unsatisfied i instead of satisfied e of the same priority when it costs less."""
         level = self.level[i]
-        best: tuple[int, int, int, _Packed] | None = None
+        best: tuple[int, int, int, Packed] | None = None
         for node in self.demand[i]:
             for e in self.members[node]:
                 if self.level[e] != level:
@@ -545,7 +433,7 @@ class NodeSearch:
                 base = cost_left - self.cost[node]
                 if base > -_STEP:
                     continue  # adding i elsewhere never costs less than nothing
-                best: tuple[int, int, _Packed] | None = None
+                best: tuple[int, int, Packed] | None = None
                 for other in self.demand[i]:
                     if other == node:
                         continue
@@ -601,7 +489,3 @@ class NodeSearch:
                             improved = True
                             break
         return improved
-
-
-def _demand_key(demand: Demand) -> tuple[tuple[str, ...], int, bool]:
-    return (demand.profiles, demand.count, demand.same_gpu)

@@ -9,16 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from migpart.mig import CATALOG, Instance, enumerate_layouts, layout_problems
+from migpart.planning.cost import cost_fields
 from migpart.planning.model import PolicyView
-from migpart.planning.packing import (
-    Demand,
-    GpuSpace,
-    NodePacking,
-    OutOfWork,
-    Work,
-    pack,
-    unpack_cost,
-)
+from migpart.planning.packing import Demand, NodePacking, OutOfWork, Work, pack
+from migpart.planning.targets import GpuSpace
 from tests.unit.planning.strategies import layouts
 
 A30 = "NVIDIA A30"
@@ -38,7 +32,7 @@ def top(found: NodePacking | None) -> tuple[int, int, int] | None:
     """(destroyed, GPUs changed, created) of a packing."""
     if found is None:
         return None
-    destroyed, changed, created, _, _ = unpack_cost(found.cost)
+    destroyed, changed, created, _, _ = cost_fields(found.cost)
     return destroyed, changed, created
 
 

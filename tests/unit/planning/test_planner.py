@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import pytest
@@ -325,3 +326,23 @@ def test_same_gpu_on_a_cluster_too_big_for_the_search() -> None:
     assert len(result.assignments) == 9  # one per node: only GPU 7 has three free slices
     for a in result.assignments:
         assert {d.gpu for d in a.devices} == {7}
+
+
+def test_planning_makes_no_reference_cycles() -> None:
+    """`plan()` pauses the cyclic garbage collector while it runs, which is free only while
+    planning makes no reference cycles: its objects must all go when it returns."""
+    gpus = [gpu(f"n{n}", g, ("3g.40gb", 0, g % 2 == 0)) for n in range(10) for g in range(8)]
+    large = [req(f"r{i}", "1g.10gb", "2g.20gb", count=1 + i % 3) for i in range(40)]
+    small = [req(f"s{i}", "1g.10gb", "3g.40gb", count=2, same_gpu=i % 2 == 0) for i in range(6)]
+    problems = [(snap(*gpus), large), (snap(*gpus[:8]), small)]  # the greedy, and the search
+    for snapshot, requests in problems:
+        plan(snapshot, requests, PolicyView(spares=(Spare("1g.10gb", 2),)))
+    gc.collect()
+    gc.disable()
+    try:
+        for snapshot, requests in problems:
+            plan(snapshot, requests, PolicyView(spares=(Spare("1g.10gb", 2),)))
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    assert gc.isenabled()

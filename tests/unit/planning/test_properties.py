@@ -6,7 +6,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from migpart.mig import Instance, layout_problems
-from migpart.planning.diff import apply_ops, current_layouts, diff
 from migpart.planning.model import Plan, PolicyView, Request, Snapshot
 from migpart.planning.planner import plan
 from tests.unit.planning.strategies import policies, request_lists, snapshots
@@ -60,7 +59,7 @@ def check_plan(
     assert set(result.unsatisfied) == {r.name for r in requests} - assigned
     assert len(result.unsatisfied) + len(assigned) == len(requests)
     # stats agree with the layouts
-    current = {(g.node, g.index): set(g.instances) for g in current_layouts(snapshot)}
+    current = {key: {i.geometry for i in gpu.instances} for key, gpu in gpus.items()}
     destroyed = sum(len(current[k] - targets[k]) for k in current)
     created = sum(len(targets[k] - current[k]) for k in current)
     changed = sum(current[k] != targets[k] for k in current)
@@ -81,25 +80,6 @@ def test_every_plan_is_correct(data: st.DataObject) -> None:
     result = plan(snapshot, requests, policy)
     check_plan(snapshot, requests, policy, result)
     assert plan(snapshot, requests, policy) == result, "deterministic"
-
-
-@SETTINGS
-@given(data=st.data())
-def test_diff_turns_current_into_target_destroys_first(data: st.DataObject) -> None:
-    snapshot = data.draw(snapshots())
-    requests = data.draw(request_lists())
-    result = plan(snapshot, requests)
-    current = current_layouts(snapshot)
-    ops = diff(current, result.gpus)
-    after = {(g.node, g.index): set(g.instances) for g in apply_ops(current, ops)}
-    assert after == {(g.node, g.index): set(g.instances) for g in result.gpus}
-    per_gpu: dict[tuple[str, int], list[str]] = {}
-    for op in ops:
-        per_gpu.setdefault((op.node, op.gpu), []).append(op.kind)
-    for kinds in per_gpu.values():
-        assert kinds == sorted(kinds, key=lambda k: k != "destroy"), kinds
-    assert len([o for o in ops if o.kind == "destroy"]) == result.stats.destroyed
-    assert len([o for o in ops if o.kind == "create"]) == result.stats.created
 
 
 @SETTINGS

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from migpart.mig import CATALOG, Instance, addable_placements
+from migpart.planning.greedy import Greedy
 from migpart.planning.model import (
     GpuState,
     InstanceState,
@@ -21,7 +22,7 @@ from migpart.planning.model import (
     Request,
     Snapshot,
 )
-from migpart.planning.planner import _Planner, plan
+from migpart.planning.planner import plan
 from tests.unit.planning.strategies import policies, request_lists, snapshots
 from tests.unit.planning.test_planner import gpu, req, snap
 from tests.unit.planning.test_properties import check_plan
@@ -35,8 +36,8 @@ def heaps_and_scan(
 ) -> tuple[Plan, Plan]:
     """The greedy (with its repair) planned with the heaps and with the direct scan."""
     return (
-        _Planner(snapshot, requests, policy).run(),
-        _Planner(snapshot, requests, policy, scan=True).run(),
+        Greedy(snapshot, requests, policy).run(),
+        Greedy(snapshot, requests, policy, scan=True).run(),
     )
 
 
@@ -164,14 +165,16 @@ def test_set_deep_in_the_heap_still_gets_its_cheapest_node() -> None:
     the_set = frozenset(f"in{n}" for n in range(40))
     requests = [req(f"r{k}", "1g.10gb", nodes=the_set) for k in range(50)]
     requests.append(req("free", "1g.10gb"))
-    planner = _Planner(snapshot, requests, PolicyView())
-    result = planner.run()
+    greedy = Greedy(snapshot, requests, PolicyView())
+    result = greedy.run()
     check_plan(snapshot, requests, PolicyView(), result)
     assert {a.request for a in result.assignments} == {r.name for r in requests}
     assert {a.node for a in result.assignments if a.request != "free"} <= the_set
     assert next(a.node for a in result.assignments if a.request == "free").startswith("out")
-    assert any(nodes is not None for *_, nodes in planner.shape_heaps), "the set's heap answered"
-    assert result == _Planner(snapshot, requests, PolicyView(), scan=True).run()
+    assert any(nodes is not None for *_, nodes in greedy.index.shape_heaps), (
+        "the set's heap answered"
+    )
+    assert result == Greedy(snapshot, requests, PolicyView(), scan=True).run()
 
 
 def test_sets_outside_the_snapshot() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from migpart.planning.classes import GpuClasses
+from migpart.planning.greedy import Greedy
 from migpart.planning.model import PolicyView
-from migpart.planning.planner import _Classes, _Planner
-from migpart.planning.search import NodeSearch, Packer
+from migpart.planning.packer import Packer
+from migpart.planning.search import NodeSearch
 from tests.unit.planning.test_planner import gpu, req, snap
 from tests.unit.planning.test_properties import check_plan
 
@@ -17,7 +19,7 @@ def test_gives_up_one_request_for_two() -> None:
     packer = Packer(snapshot, requests, policy)
     solution = NodeSearch(packer).run([0, 1, 2], 100_000, seed={0: 0})
     assert solution.members == ((1, 2),)
-    result = _Planner(snapshot, requests, policy, _Classes(policy)).adopt(solution, packer)
+    result = Greedy(snapshot, requests, policy, GpuClasses(policy)).adopt(solution, packer)
     check_plan(snapshot, requests, policy, result)
     assert {a.request for a in result.assignments} == {"half-1", "half-2"}
 
@@ -37,7 +39,7 @@ def test_moves_several_requests_to_make_room() -> None:
     packer = Packer(snapshot, requests, policy)
     solution = NodeSearch(packer).run([0, 1, 2, 3], 100_000, seed={0: 0, 1: 0, 2: 0})
     assert solution.key[0] == (-4,)
-    result = _Planner(snapshot, requests, policy, _Classes(policy)).adopt(solution, packer)
+    result = Greedy(snapshot, requests, policy, GpuClasses(policy)).adopt(solution, packer)
     check_plan(snapshot, requests, policy, result)
     assert {a.request: a.node for a in result.assignments} == {
         "small-0": "a100",
@@ -54,6 +56,6 @@ def test_an_exhausted_allowance_still_gives_a_correct_plan() -> None:
     for steps in (0, 50, 500, 5_000):
         packer = Packer(snapshot, requests, policy)
         solution = NodeSearch(packer).run(list(range(5)), steps)
-        result = _Planner(snapshot, requests, policy, _Classes(policy)).adopt(solution, packer)
+        result = Greedy(snapshot, requests, policy, GpuClasses(policy)).adopt(solution, packer)
         check_plan(snapshot, requests, policy, result)
         assert len(result.assignments) == -sum(solution.key[0])
