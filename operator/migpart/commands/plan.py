@@ -3,6 +3,10 @@
 The same pure `migpart.planning.plan` that the operator runs, fed from a file, so that a
 platform team can ask "what would migpart do to this cluster" without a cluster. Exit 0 with a
 plan (even one that satisfies nothing), 2 with one line on stderr naming the offending field.
+
+The snapshot's optional `policy` is parsed here, by the same `GpuPartitionPolicySpec` model
+that parses the operator's policies (planning may not import the api), so any spec the cluster
+accepts is accepted here too.
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from pydantic import ValidationError
+
+from migpart.api.models import GpuPartitionPolicySpec
 from migpart.errors import InvalidInput
 from migpart.planning.codec import encode_plan, parse_input
+from migpart.planning.model import PolicyView
 from migpart.planning.planner import plan
 
 
@@ -51,11 +59,22 @@ def _read(source: str) -> object:
         ) from None
 
 
+def policy_view(raw: object) -> PolicyView:
+    """What a GpuPartitionPolicy spec lets the planner do; InvalidInput names the first bad
+    field inside the spec (e.g. `profiles.allow[0]`)."""
+    try:
+        return GpuPartitionPolicySpec.model_validate(raw).policy_view()
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise InvalidInput(where.removeprefix("."), first["msg"]) from None
+
+
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
         document = _read(args.input)
-        parsed = parse_input(document)
+        parsed = parse_input(document, policy_view)
     except _Usage as exc:
         print(f"migpart plan: {exc}", file=sys.stderr)
         return 2

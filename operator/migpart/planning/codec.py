@@ -4,15 +4,17 @@ Parsing validates everything the planner relies on, so the planner itself never 
 snapshot: every error is an `InvalidInput` whose path names the field exactly
 (`nodes[3].gpus[0].model: unknown model and no profile table given`).
 
-Beyond the contract, the snapshot may carry an optional `policy` object in the shape of a
-GpuPartitionPolicy's spec: `{"profiles": {"allow": [...], "deny": [...]},
-"spares": [{"profile": ..., "count": ...}]}`; requests may carry an optional `nodes` list and
-an optional `sameGpu` boolean (all `count` devices on one GPU, `Request.same_gpu`).
+Beyond the contract, the snapshot may carry an optional `policy` object, a GpuPartitionPolicy's
+spec (`{"profiles": {"allow": [...], "deny": [...]}, "spares": [...], ...}`). Its shape belongs
+to the api model, which planning may not import, so the caller passes the function that parses
+it (`migpart.commands.plan.policy_view`); its errors are reported under `policy`. Requests may
+carry an optional `nodes` list and an optional `sameGpu` boolean (all `count` devices on one
+GPU, `Request.same_gpu`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +28,10 @@ from migpart.planning.model import (
     PolicyView,
     Request,
     Snapshot,
-    Spare,
 )
+
+# Parses a GpuPartitionPolicy spec; raises InvalidInput with a path inside the spec.
+PolicyParser = Callable[[object], PolicyView]
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,46 +290,26 @@ def _requests(raw: object, known: set[str]) -> tuple[Request, ...]:
     return tuple(requests)
 
 
-def _policy(raw: object, known: set[str]) -> PolicyView:
-    obj = _object(raw, "policy")
-    _unknown_keys(obj, {"profiles", "spares"}, "policy")
-    allowed: frozenset[str] | None = None
-    denied: frozenset[str] = frozenset()
-    if "profiles" in obj:
-        filters = _object(obj["profiles"], "policy.profiles")
-        _unknown_keys(filters, {"allow", "deny"}, "policy.profiles")
-        if filters.get("allow"):
-            allowed = frozenset(_profile_list(filters["allow"], "policy.profiles.allow", known))
-        if "deny" in filters:
-            denied = frozenset(_profile_list(filters["deny"], "policy.profiles.deny", known))
-    spares: list[Spare] = []
-    for i, raw_spare in enumerate(_list(obj.get("spares", []), "policy.spares")):
-        path = f"policy.spares[{i}]"
-        spare = _object(raw_spare, path)
-        _unknown_keys(spare, {"profile", "count"}, path)
-        profile = _str(_field(spare, "profile", path), _join(path, "profile"))
-        if profile not in known:
-            raise InvalidInput(_join(path, "profile"), f"unknown profile {profile!r}")
-        spares.append(Spare(profile, _int(_field(spare, "count", path), _join(path, "count"), 1)))
-    return PolicyView(allowed=allowed, denied=denied, spares=tuple(spares))
+def _policy(raw: object, parse: PolicyParser) -> PolicyView:
+    try:
+        return parse(raw)
+    except InvalidInput as error:
+        where = f"policy.{error.path}" if error.path else "policy"
+        raise InvalidInput(where, error.message) from None
 
 
-def parse_input(raw: object) -> PlanInput:
-    """Validate and convert a decoded snapshot document; raises InvalidInput naming the field."""
+def parse_input(raw: object, parse_policy: PolicyParser) -> PlanInput:
+    """Validate and convert a decoded snapshot document; raises InvalidInput naming the field.
+
+    `parse_policy` parses the document's `policy`, when it has one.
+    """
     obj = _object(raw, "")
     _unknown_keys(obj, {"models", "nodes", "requests", "policy"}, "")
     tables = _tables(obj["models"]) if "models" in obj else {}
     nodes = _nodes(_field(obj, "nodes", ""), tables)
-    known = _known_profiles(tables)
-    requests = _requests(obj.get("requests", []), known)
-    policy = _policy(obj["policy"], known) if "policy" in obj else PolicyView()
+    requests = _requests(obj.get("requests", []), _known_profiles(tables))
+    policy = _policy(obj["policy"], parse_policy) if "policy" in obj else PolicyView()
     return PlanInput(Snapshot(nodes=nodes, tables=tables), requests, policy)
-
-
-def parse_snapshot(raw: object) -> tuple[Snapshot, tuple[Request, ...]]:
-    """The snapshot and requests of a document (its policy, if any, is validated too)."""
-    parsed = parse_input(raw)
-    return parsed.snapshot, parsed.requests
 
 
 def encode_plan(plan: Plan, plan_millis: float) -> dict[str, Any]:

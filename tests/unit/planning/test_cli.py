@@ -37,6 +37,21 @@ def test_plan_to_output_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert plan["unsatisfied"] == []
 
 
+def test_plan_with_a_full_policy_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Fields of a GpuPartitionPolicy spec that the planner does not read are accepted, and
+    the ones it reads apply: 1g.10gb is denied, so the request takes the free 1g.10gb only."""
+    policy = {
+        "mode": "DryRun",
+        "nodeSelector": {"matchLabels": {"pool": "a"}},
+        "profiles": {"deny": ["1g.10gb"]},
+        "reconfiguration": {"maxConcurrentNodes": 2},
+    }
+    assert main(["--input", str(write(tmp_path, {**BASE, "policy": policy}))]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["unsatisfied"] == ["r"]  # two devices wanted, one may not be created
+    assert out["stats"]["created"] == 0
+
+
 BAD = [
     ("missing file", None, "--input: cannot read"),
     ("malformed JSON", "{not json", "--input: invalid JSON at line 1"),
@@ -49,6 +64,11 @@ BAD = [
         "zero count",
         {"nodes": [], "requests": [{"name": "r", "profiles": ["1g.10gb"], "count": 0}]},
         "requests[0].count: must be at least 1",
+    ),
+    (
+        "policy field the api model does not know",
+        {"nodes": [], "policy": {"profiles": {"allow": ["1g.10gb"]}, "colour": "blue"}},
+        "policy.colour: Extra inputs are not permitted",
     ),
 ]
 

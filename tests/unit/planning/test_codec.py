@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from migpart.commands.plan import policy_view
 from migpart.errors import InvalidInput
 from migpart.mig import Instance
-from migpart.planning.codec import encode_plan, parse_input, parse_snapshot
+from migpart.planning.codec import PlanInput, encode_plan, parse_input
 from migpart.planning.model import Assignment, DeviceRef, GpuPlan, Plan, PlanStats
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "snapshot.json"
@@ -36,6 +37,11 @@ BASE: dict[str, Any] = {
 }
 
 
+def parse(document: object) -> PlanInput:
+    """The document parsed as `migpart plan` parses it (policies by the api model)."""
+    return parse_input(document, policy_view)
+
+
 def doc(**patches: Any) -> dict[str, Any]:
     """BASE with dotted-path patches; a value of ... deletes the key."""
     out = copy.deepcopy(BASE)
@@ -53,7 +59,8 @@ def doc(**patches: Any) -> dict[str, Any]:
 
 
 def test_parses_the_base_document() -> None:
-    snapshot, requests = parse_snapshot(BASE)
+    parsed = parse(BASE)
+    snapshot, requests = parsed.snapshot, parsed.requests
     gpu = snapshot.nodes[0].gpus[0]
     assert gpu.model == "NVIDIA H100 80GB HBM3"
     assert [(i.profile, i.start, i.used) for i in gpu.instances] == [
@@ -66,13 +73,13 @@ def test_parses_the_base_document() -> None:
 
 
 def test_example_document_parses() -> None:
-    parsed = parse_input(json.loads(EXAMPLE.read_text()))
+    parsed = parse(json.loads(EXAMPLE.read_text()))
     assert "NVIDIA H100 80GB HBM3" in parsed.snapshot.tables
     assert len(parsed.requests) == 3
 
 
 def test_defaults_and_policy() -> None:
-    parsed = parse_input(
+    parsed = parse(
         {
             "nodes": [{"name": "n", "gpus": [{"index": 0, "model": "NVIDIA A30"}]}],
             "requests": [{"name": "r", "profiles": ["1g.6gb"], "nodes": ["n"]}],
@@ -91,8 +98,46 @@ def test_defaults_and_policy() -> None:
     assert parsed.policy.spares[0].count == 1
 
 
+def test_policy_is_any_spec_the_api_model_accepts() -> None:
+    """Every field of a GpuPartitionPolicy spec parses, not only the ones the planner reads."""
+    parsed = parse(
+        doc(
+            policy={
+                "mode": "DryRun",
+                "priority": 5,
+                "nodeSelector": {"matchLabels": {"pool": "a"}},
+                "profiles": {"deny": ["7g.80gb"]},
+                "spares": [{"profile": "1g.10gb", "count": 0}],
+                "reconfiguration": {"batchWindowSeconds": 5, "maxConcurrentNodes": 2},
+            }
+        )
+    )
+    assert parsed.policy.allowed is None
+    assert parsed.policy.denied == frozenset({"7g.80gb"})
+    assert parsed.policy.spares == ()  # a spare of count 0 asks for nothing
+
+
+BAD_POLICIES = [
+    ({"colour": "blue"}, "policy.colour: Extra inputs are not permitted"),
+    ({"profiles": {"allow": ["1g.10gb", "big"]}}, "policy.profiles.allow[1]: String should match"),
+    ({"spares": [{"profile": "1g.10gb"}]}, "policy.spares[0].count: Field required"),
+    (
+        {"profiles": {"deny": ["1g.10gb"]}, "spares": [{"profile": "1g.10gb", "count": 1}]},
+        "policy: Value error, spares: profile 1g.10gb is denied",
+    ),
+    ([], "policy: Input should be a valid dictionary"),
+]
+
+
+@pytest.mark.parametrize(("policy", "message"), BAD_POLICIES)
+def test_invalid_policy_names_the_field(policy: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse(doc(policy=policy))
+    assert str(info.value).startswith(message), str(info.value)
+
+
 def test_same_gpu_request() -> None:
-    parsed = parse_input(
+    parsed = parse(
         {
             "nodes": [{"name": "n", "gpus": [{"index": 0, "model": "NVIDIA A30"}]}],
             "requests": [{"name": "r", "profiles": ["1g.6gb"], "count": 2, "sameGpu": True}],
@@ -100,7 +145,7 @@ def test_same_gpu_request() -> None:
     )
     assert parsed.requests[0].same_gpu
     with pytest.raises(InvalidInput, match=r"^requests\[0\]\.sameGpu: expected true or false"):
-        parse_input(
+        parse(
             {
                 "nodes": [{"name": "n", "gpus": [{"index": 0, "model": "NVIDIA A30"}]}],
                 "requests": [{"name": "r", "profiles": ["1g.6gb"], "sameGpu": "yes"}],
@@ -119,7 +164,7 @@ TABLE = {
 
 
 def test_supplied_table_for_unknown_model() -> None:
-    parsed = parse_input(
+    parsed = parse(
         {
             "models": {"Fake GPU": TABLE},
             "nodes": [
@@ -197,7 +242,7 @@ BAD = [
 @pytest.mark.parametrize(("name", "document", "message"), BAD, ids=[b[0] for b in BAD])
 def test_invalid_input_names_the_field(name: str, document: Any, message: str) -> None:
     with pytest.raises(InvalidInput) as info:
-        parse_input(document)
+        parse(document)
     assert str(info.value).startswith(message), str(info.value)
 
 
@@ -205,16 +250,16 @@ def test_duplicates_are_rejected() -> None:
     two_nodes = doc()
     two_nodes["nodes"].append(copy.deepcopy(two_nodes["nodes"][0]))
     with pytest.raises(InvalidInput, match=r"^nodes\[1\]\.name: duplicate node 'n1'"):
-        parse_input(two_nodes)
+        parse(two_nodes)
     two_gpus = doc()
     gpus = two_gpus["nodes"][0]["gpus"]
     gpus.append({"index": 0, "model": "NVIDIA H200"})
     with pytest.raises(InvalidInput, match=r"^nodes\[0\]\.gpus\[1\]\.index: duplicate GPU index"):
-        parse_input(two_gpus)
+        parse(two_gpus)
     two_requests = doc()
     two_requests["requests"].append(copy.deepcopy(two_requests["requests"][0]))
     with pytest.raises(InvalidInput, match=r"^requests\[1\]\.name: duplicate request 'r'"):
-        parse_input(two_requests)
+        parse(two_requests)
 
 
 BAD_TABLES = [
@@ -246,7 +291,7 @@ def test_invalid_tables(table: dict[str, Any], message: str) -> None:
         for key in [k for k, v in prof.items() if v is ...]:
             del prof[key]
     with pytest.raises(InvalidInput) as info:
-        parse_input({"models": {"Fake GPU": table}, "nodes": []})
+        parse({"models": {"Fake GPU": table}, "nodes": []})
     assert str(info.value).startswith(message), str(info.value)
 
 
