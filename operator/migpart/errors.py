@@ -29,10 +29,6 @@ class UnknownProfile(InvalidInput):
     """A MIG profile name that the GPU model does not offer."""
 
 
-class InvalidLayout(InvalidInput):
-    """A set of MIG instances that cannot coexist on one GPU."""
-
-
 class GpuBusy(MigpartError):
     """NVML refused to destroy an instance because it is in use (agent only)."""
 
