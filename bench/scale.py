@@ -59,7 +59,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from signal import SIGINT, SIGTERM
 from typing import IO, Any
@@ -78,6 +78,7 @@ from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
 from migpart.mig import device_name
 from migpart.testbed import Testbed, build
+from migpart.testbed.run import ready_node_status
 
 BENCH = Path(__file__).resolve().parent
 H100 = "NVIDIA H100 80GB HBM3"
@@ -733,24 +734,7 @@ async def create_node(core: Any, name: str, labels: dict[str, str]) -> None:
     """A Ready, schedulable Node with no kubelet behind it (as Testbed.add_node, by API)."""
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
     await raw(core.create_node(body, _preload_content=False))
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    resources = {"cpu": "128", "memory": "1Ti", "pods": "250"}
-    status = {
-        "status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "message": "simulated node (no kubelet)",
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": now,
-                }
-            ],
-        }
-    }
+    status = {"status": ready_node_status()}
     await raw(
         core.patch_node_status(name, status, _content_type=MERGE_PATCH, _preload_content=False)
     )

@@ -16,11 +16,27 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from migpart.dra import now_iso
 from migpart.errors import MigpartError
 from migpart.testbed.build import build
+
+
+def ready_node_status() -> dict[str, Any]:
+    """The status of a Ready node with room for many pods, as a kubelet would report it (for
+    Node objects that have no kubelet behind them)."""
+    now = now_iso()
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "250"}
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "simulated node (no kubelet)",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+    return {"capacity": resources, "allocatable": resources, "conditions": [ready]}
 
 
 class TestbedError(MigpartError):
@@ -130,24 +146,7 @@ class Testbed:
                 f"    kubernetes.io/hostname: {name}\n{label_lines}"
             ),
         )
-        now = now_iso()
-        resources = {"cpu": "128", "memory": "1Ti", "pods": "250"}
-        status = {
-            "status": {
-                "capacity": resources,
-                "allocatable": resources,
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "KubeletReady",
-                        "message": "simulated node (no kubelet)",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-            }
-        }
+        status = {"status": ready_node_status()}
         self.kubectl(
             "patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status)
         )
