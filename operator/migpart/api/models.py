@@ -157,36 +157,12 @@ class ProfileInfo(_Model):
 
     @classmethod
     def from_profile(cls, p: Profile) -> ProfileInfo:
-        return cls(
-            name=p.name,
-            compute_slices=p.compute_slices,
-            memory_slices=p.memory_slices,
-            placements=list(p.placements),
-            max_instances=p.max_instances,
-            memory_mib=p.memory_mib,
-            multiprocessors=p.multiprocessors,
-            copy_engines=p.copy_engines,
-            decoders=p.decoders,
-            encoders=p.encoders,
-            jpegs=p.jpegs,
-            ofas=p.ofas,
-        )
+        return cls.model_validate({name: getattr(p, name) for name in cls.model_fields})
 
     def to_profile(self) -> Profile:
-        return Profile(
-            name=self.name,
-            compute_slices=self.compute_slices,
-            memory_slices=self.memory_slices,
-            placements=tuple(self.placements),
-            max_instances=self.max_instances,
-            memory_mib=self.memory_mib,
-            multiprocessors=self.multiprocessors,
-            copy_engines=self.copy_engines,
-            decoders=self.decoders,
-            encoders=self.encoders,
-            jpegs=self.jpegs,
-            ofas=self.ofas,
-        )
+        fields = self.model_dump()
+        fields["placements"] = tuple(self.placements)
+        return Profile(**fields)
 
 
 InstanceStateName = Literal["Free", "Prepared", "Busy"]

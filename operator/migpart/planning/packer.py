@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from migpart.planning.model import PolicyView, Request, Snapshot
-from migpart.planning.packing import Demand, NodePacking, Work, pack
+from migpart.planning.packing import Need, NodePacking, Work, pack
 from migpart.planning.targets import GpuSpace, Memo
 
 # What looking up a node packing costs in packing steps, cached or not (a step is a transition
@@ -68,9 +68,9 @@ class Packer:
         self.n_levels = len(levels)
         # The request as each node sees it (only the profiles the node's models offer), for the
         # nodes that could serve it at all.
-        self.demand: list[dict[int, Demand]] = []
+        self.demand: list[dict[int, Need]] = []
         for request in requests:
-            per_node: dict[int, Demand] = {}
+            per_node: dict[int, Need] = {}
             if request.count > 0 and request.profiles:
                 profiles = tuple(dict.fromkeys(request.profiles))
                 same = request.same_gpu and request.count > 1
@@ -79,7 +79,7 @@ class Packer:
                         continue
                     mine = tuple(p for p in profiles if p in offered[n])
                     if mine:
-                        per_node[n] = Demand(mine, request.count, same)
+                        per_node[n] = Need(mine, request.count, same)
             self.demand.append(per_node)
         # Equal demands share an id, ordered like the demands, so that a node's requests sort
         # into a cache key quickly.
@@ -123,5 +123,5 @@ class Packer:
         return None if found is None else (found, order)
 
 
-def _demand_key(demand: Demand) -> tuple[tuple[str, ...], int, bool]:
+def _demand_key(demand: Need) -> tuple[tuple[str, ...], int, bool]:
     return (demand.profiles, demand.count, demand.same_gpu)

@@ -35,7 +35,7 @@ from migpart.planning.transport import Pref, assign, bits, covers, hall, host_op
 
 
 @dataclass(frozen=True, slots=True)
-class Demand:
+class Need:
     """`count` devices, each of any profile in `profiles` (preference order)."""
 
     profiles: tuple[str, ...]
@@ -85,7 +85,7 @@ class _Choice:
 
 def pack(
     spaces: Sequence[GpuSpace],
-    demands: Sequence[Demand],
+    demands: Sequence[Need],
     policy: PolicyView,
     limit: int | None = None,
     work: Work | None = None,
@@ -265,7 +265,7 @@ def _hosted_rank(back: _Choice | None, prefs: Sequence[Pref]) -> int:
 
 def _realise(
     spaces: Sequence[GpuSpace],
-    demands: Sequence[Demand],
+    demands: Sequence[Need],
     names: Sequence[str],
     pooled: Sequence[int],
     back: _Choice | None,

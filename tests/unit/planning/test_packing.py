@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from migpart.mig import CATALOG, Instance, enumerate_layouts, layout_problems
 from migpart.planning.cost import cost_fields
 from migpart.planning.model import PolicyView
-from migpart.planning.packing import Demand, NodePacking, OutOfWork, Work, pack
+from migpart.planning.packing import Need, NodePacking, OutOfWork, Work, pack
 from migpart.planning.targets import GpuSpace
 from tests.unit.planning.strategies import layouts
 
@@ -37,7 +37,7 @@ def top(found: NodePacking | None) -> tuple[int, int, int] | None:
 
 
 def serves(
-    offers: list[dict[str, int]], demands: list[Demand], k: int = 0, gpu: int | None = None
+    offers: list[dict[str, int]], demands: list[Need], k: int = 0, gpu: int | None = None
 ) -> bool:
     """Whether the per-GPU device counts serve every demand (plain backtracking)."""
     if k == len(demands):
@@ -64,7 +64,7 @@ def serves(
 
 
 def brute_force(
-    spaces: list[GpuSpace], demands: list[Demand], policy: PolicyView
+    spaces: list[GpuSpace], demands: list[Need], policy: PolicyView
 ) -> tuple[int, int, int] | None:
     """The least (destroyed, GPUs changed, created) over every combination of layouts."""
     per_gpu = []
@@ -95,7 +95,7 @@ def brute_force(
 
 
 def check_packing(
-    spaces: list[GpuSpace], demands: list[Demand], policy: PolicyView, found: NodePacking
+    spaces: list[GpuSpace], demands: list[Need], policy: PolicyView, found: NodePacking
 ) -> None:
     assert len(found.layouts) == len(spaces)
     for s, layout in zip(spaces, found.layouts, strict=True):
@@ -116,7 +116,7 @@ def check_packing(
 
 
 @st.composite
-def node_problems(draw: st.DrawFn) -> tuple[list[GpuSpace], list[Demand], PolicyView]:
+def node_problems(draw: st.DrawFn) -> tuple[list[GpuSpace], list[Need], PolicyView]:
     model = draw(st.sampled_from([A30, H100]))
     table = CATALOG[model]
     count = draw(st.integers(1, 2)) if model == A30 else 1
@@ -132,7 +132,7 @@ def node_problems(draw: st.DrawFn) -> tuple[list[GpuSpace], list[Demand], Policy
         )
     names = [p.name for p in table.profiles]
     demands = [
-        Demand(
+        Need(
             tuple(draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True))),
             draw(st.integers(1, 3)),
             draw(st.booleans()),
@@ -145,7 +145,7 @@ def node_problems(draw: st.DrawFn) -> tuple[list[GpuSpace], list[Demand], Policy
 
 @SETTINGS
 @given(problem=node_problems())
-def test_pack_matches_brute_force(problem: tuple[list[GpuSpace], list[Demand], PolicyView]) -> None:
+def test_pack_matches_brute_force(problem: tuple[list[GpuSpace], list[Need], PolicyView]) -> None:
     spaces, demands, policy = problem
     found = pack(spaces, demands, policy)
     assert top(found) == brute_force(spaces, demands, policy)
@@ -155,42 +155,42 @@ def test_pack_matches_brute_force(problem: tuple[list[GpuSpace], list[Demand], P
 
 def test_reuses_free_instances_and_destroys_nothing() -> None:
     spaces = [space(H100, ("3g.40gb", 0, True), ("1g.10gb", 4, False), ("1g.10gb", 5, False))]
-    found = pack(spaces, [Demand(("1g.10gb",), 2)], PolicyView())
+    found = pack(spaces, [Need(("1g.10gb",), 2)], PolicyView())
     assert top(found) == (0, 0, 0)
 
 
 def test_destroys_the_least() -> None:
     """A 3g.40gb needs memory 4-7: destroy one of the free 1g instances there, not both."""
     spaces = [space(H100, ("3g.40gb", 0, True), ("1g.10gb", 4, False), ("1g.20gb", 6, False))]
-    found = pack(spaces, [Demand(("3g.40gb",), 1)], PolicyView())
+    found = pack(spaces, [Need(("3g.40gb",), 1)], PolicyView())
     assert top(found) == (2, 1, 1)
     spaces = [space(H100, ("3g.40gb", 0, True), ("1g.10gb", 4, False)), space(H100)]
-    found = pack(spaces, [Demand(("3g.40gb",), 1)], PolicyView())
+    found = pack(spaces, [Need(("3g.40gb",), 1)], PolicyView())
     assert top(found) == (0, 1, 1)
     assert found is not None
     assert found.devices[0][0][0] == 1
 
 
 def test_prefers_the_first_profile_on_ties() -> None:
-    found = pack([space(H100)], [Demand(("2g.20gb", "1g.20gb"), 1)], PolicyView())
+    found = pack([space(H100)], [Need(("2g.20gb", "1g.20gb"), 1)], PolicyView())
     assert found is not None
     assert found.devices[0][0][1].profile == "2g.20gb"
 
 
 def test_infeasible_and_denied() -> None:
-    assert pack([space(H100)], [Demand(("7g.80gb",), 2)], PolicyView()) is None
+    assert pack([space(H100)], [Need(("7g.80gb",), 2)], PolicyView()) is None
     denied = PolicyView(denied=frozenset({"1g.10gb"}))
-    assert pack([space(H100)], [Demand(("1g.10gb",), 1)], denied) is None
+    assert pack([space(H100)], [Need(("1g.10gb",), 1)], denied) is None
     reuse = [space(H100, ("1g.10gb", 0, False))]
-    assert top(pack(reuse, [Demand(("1g.10gb",), 1)], denied)) == (0, 0, 0)
+    assert top(pack(reuse, [Need(("1g.10gb",), 1)], denied)) == (0, 0, 0)
 
 
 def test_same_gpu_demands_share_one_gpu_each() -> None:
     spaces = [space(H100, ("4g.40gb", 0, True)), space(H100, ("4g.40gb", 0, True))]
-    assert pack(spaces, [Demand(("1g.10gb",), 4, same_gpu=True)], PolicyView()) is None
+    assert pack(spaces, [Need(("1g.10gb",), 4, same_gpu=True)], PolicyView()) is None
     found = pack(
         spaces,
-        [Demand(("1g.10gb",), 3, same_gpu=True), Demand(("1g.10gb",), 3, same_gpu=True)],
+        [Need(("1g.10gb",), 3, same_gpu=True), Need(("1g.10gb",), 3, same_gpu=True)],
         PolicyView(),
     )
     assert found is not None
@@ -199,7 +199,7 @@ def test_same_gpu_demands_share_one_gpu_each() -> None:
 
 def test_a_limit_below_the_cost_finds_nothing() -> None:
     spaces = [space(H100)]
-    demands = [Demand(("3g.40gb",), 2)]
+    demands = [Need(("3g.40gb",), 2)]
     found = pack(spaces, demands, PolicyView())
     assert found is not None
     assert pack(spaces, demands, PolicyView(), limit=found.cost - 1) is None
@@ -208,7 +208,7 @@ def test_a_limit_below_the_cost_finds_nothing() -> None:
 
 def test_work_allowance_runs_out() -> None:
     spaces = [space(H100)] * 4
-    demands = [Demand(("1g.10gb",), 5), Demand(("2g.20gb",), 3), Demand(("3g.40gb",), 2)]
+    demands = [Need(("1g.10gb",), 5), Need(("2g.20gb",), 3), Need(("3g.40gb",), 2)]
     work = Work(10)
     with pytest.raises(OutOfWork):
         pack(spaces, demands, PolicyView(), work=work)
