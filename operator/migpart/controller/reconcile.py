@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -45,12 +45,6 @@ MAX_REDO = 3
 # stream of changes (a burst of pods at 1,000 nodes) planning takes at most a fifth of a core
 # per policy, while a cheap plan (small clusters) is not held back noticeably.
 PACE_FACTOR = 4.0
-# A plan that satisfied every request now pending, and wrote every spec it needed, stands for
-# this long: requests waiting for the agents and kube-scheduler to act on it are not planned
-# again on every change (at 1,000 nodes a burst of pods is a stream of changes); after it,
-# the policy plans again anyway (level-triggered: a decision the cluster did not follow is
-# redone).
-COVERED_S = 10.0
 
 
 @dataclass
@@ -118,8 +112,7 @@ class PolicyRound:
     def may_plan(self, policy: GpuPartitionPolicy, demand: PolicyDemand) -> bool:
         """Gather pending requests for `batchWindowSeconds` before planning for them; with
         nothing pending, plan at once (spares only; an unchanged plan writes nothing). Either
-        way, not sooner than PACE_FACTOR times the last plan's cost after it, and not while the
-        last plan still covers every pending request (COVERED_S)."""
+        way, not sooner than PACE_FACTOR times the last plan's cost after it."""
         now = time.monotonic()
         if demand.requests:
             first = self.state.first_pending.setdefault(self.name, now)
@@ -135,10 +128,6 @@ class PolicyRound:
         if now - last.at < PACE_FACTOR * last.cost_s:
             self.retry_in_s = last.at + PACE_FACTOR * last.cost_s - now
             return False
-        pending = {r.name for r in demand.requests}
-        if pending and pending <= last.covered and now - last.at < COVERED_S:
-            self.retry_in_s = last.at + COVERED_S - now
-            return False
         return True
 
     async def plan_and_apply(
@@ -150,15 +139,13 @@ class PolicyRound:
         started = time.perf_counter()
         plan = make_plan(snapshot, scope.demand.requests, policy.spec.policy_view())
         duration_s = time.perf_counter() - started
-        timing = PlanTiming(time.monotonic(), time.perf_counter() - began)
-        self.state.last_plans[self.name] = timing
+        self.state.last_plans[self.name] = PlanTiming(time.monotonic(), time.perf_counter() - began)
         self.state.metrics.plan_duration.labels(self.name).observe(duration_s)
         changes = layout_changes(snapshot, plan)
         changed = sorted({node for node, _ in changes})
         result = RoundResult(planned=True, plan=plan)
         satisfied = frozenset(a.request for a in plan.assignments)
         if not changed:
-            self.state.last_plans[self.name] = replace(timing, covered=satisfied)
             return result, None
         chosen = choose_nodes(
             changed, scope.nodes, plan, policy.spec.reconfiguration.max_concurrent_nodes
@@ -213,8 +200,6 @@ class PolicyRound:
             self.state.metrics.repartitions.labels(self.name).inc()
             self.log.info("mignode_spec_written", node=name, plan_id=plan_id)
             result.written_nodes.append(name)
-        if chosen == changed:
-            self.state.last_plans[self.name] = replace(timing, covered=satisfied)
         return result, last_plan
 
     def warn_unsatisfiable(self, claims: Iterable[tuple[Body, str]]) -> None:

@@ -41,13 +41,10 @@ class Sighting:
 
 @dataclass(frozen=True, slots=True)
 class PlanTiming:
-    """When a policy last planned (monotonic), what the snapshot and plan cost, and what it
-    settled: the requests it satisfied, if every node it changed got its spec (`covered`;
-    empty when some change still waits for a node to finish reconfiguring)."""
+    """When a policy last planned (monotonic) and what the snapshot and plan cost."""
 
     at: float
     cost_s: float
-    covered: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, cast
 
 from migpart.api.models import MigNode
 from migpart.controller.decisions import changed_nodes, choose_nodes
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.indexes import with_own_writes
-from migpart.controller.reconcile import COVERED_S, PolicyRound
+from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
-from migpart.controller.state import OperatorState, PlanTiming
+from migpart.controller.state import OperatorState
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import build_snapshot
 from migpart.mig import Instance
@@ -163,36 +162,3 @@ def test_our_own_write_stands_in_until_the_watch_shows_it() -> None:
     caught_up = {**mine, "metadata": {**mine["metadata"], "resourceVersion": "9"}}
     assert with_own_writes(world({"a": caught_up}, []), written).mignodes["a"] is caught_up
     assert written == {}  # forgotten once the index has it
-
-
-async def test_requests_a_written_plan_covers_are_not_planned_again_on_every_change() -> None:
-    """At scale a burst of pods is a stream of changes; requests already served by a plan
-    whose specs are all written wait for the agents and the scheduler, not for a new plan."""
-    nodes = {"a": one_gpu("a", 1)}
-    effects = InMemoryEffects(mignodes=dict(nodes))
-    state = operator(effects)
-    cluster = world(nodes, [claim("c1", "3g.40gb")])
-    assert (await run(state, cluster)).deferred is False
-    covered = state.last_plans["pa"].covered
-    assert covered == {"ns/c1"}
-    state.last_plans["pa"] = PlanTiming(time.monotonic() - 1.0, 0.0, covered)  # pace over
-    again = PolicyRound(state, "pa", cluster.policies["pa"], cluster)
-    result = await again.run()
-    assert not result.planned
-    assert again.deferred  # and it comes back when the cover ends
-    assert 0 < again.retry_in_s <= COVERED_S
-    # a new request is planned at once (once the pace allows)
-    grown = world(nodes, [claim("c1", "3g.40gb"), claim("c2", "1g.10gb")])
-    state.last_plans["pa"] = PlanTiming(time.monotonic() - 1.0, 0.0, covered)
-    assert (await PolicyRound(state, "pa", grown.policies["pa"], grown).run()).planned
-
-
-async def test_a_plan_waiting_for_a_busy_node_covers_nothing() -> None:
-    """maxConcurrentNodes 1 with two nodes to change: the second waits for the first, and
-    must be planned as soon as the first is done, not after the cover."""
-    nodes = {"a": one_gpu("a", 1), "b": one_gpu("b", 2)}
-    effects = InMemoryEffects(mignodes=dict(nodes))
-    state = operator(effects)
-    await run(state, world(nodes, [claim("c1", "7g.80gb"), claim("c2", "7g.80gb")]))
-    assert [node for node, _ in effects.specs] == ["a"]
-    assert state.last_plans["pa"].covered == frozenset()
