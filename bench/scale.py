@@ -78,7 +78,7 @@ from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
 from migpart.mig import device_name
 from migpart.testbed import Testbed, build
-from migpart.testbed.run import ready_node_status
+from migpart.testbed.run import ready_node_status, terminate_all
 
 BENCH = Path(__file__).resolve().parent
 H100 = "NVIDIA H100 80GB HBM3"
@@ -287,19 +287,7 @@ class Children:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; {log}:\n{tail}")
 
     def stop(self, grace_s: float = 10.0) -> None:
-        for proc, _ in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc, log in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
+        terminate_all(list(self.procs.values()), grace_s)
         self.procs.clear()
 
 

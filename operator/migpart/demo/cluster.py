@@ -6,9 +6,7 @@ Every component is the real program in its own process (`migpart agent --simulat
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from migpart.testbed import Testbed
+from migpart.testbed.run import terminate_all
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "crds"
@@ -167,13 +166,4 @@ class LocalCluster:
 
 
 def _terminate(proc: subprocess.Popen[bytes], log: IO[bytes], grace_s: float = 10.0) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    log.close()
+    terminate_all([(proc, log)], grace_s)

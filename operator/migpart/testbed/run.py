@@ -13,7 +13,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -37,6 +37,26 @@ def ready_node_status() -> dict[str, Any]:
         "lastTransitionTime": now,
     }
     return {"capacity": resources, "allocatable": resources, "conditions": [ready]}
+
+
+def terminate_all(
+    procs: Sequence[tuple[subprocess.Popen[bytes], IO[bytes]]], grace_s: float = 10.0
+) -> None:
+    """SIGTERM the process group of each process (in order), wait for all of them together
+    up to `grace_s`, SIGKILL the groups still there, and close their logs."""
+    for proc, _ in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc, log in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
 
 
 class TestbedError(MigpartError):
@@ -315,17 +335,5 @@ class Testbed:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every component (newest first), then SIGKILL what is left."""
-        for _, proc, _ in reversed(self._procs):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for _, proc, log in reversed(self._procs):
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
+        terminate_all([(proc, log) for _, proc, log in reversed(self._procs)], grace_s)
         self._procs.clear()
