@@ -32,6 +32,7 @@ import structlog
 from migpart.api.models import MigNode
 from migpart.controller.effects import Effects
 from migpart.controller.metrics import Metrics
+from migpart.controller.scope import uid_of
 from migpart.controller.state import FRESH_S, Hooks, JournalEntry, Sighting
 from migpart.dra import DeviceId, allocated_ids
 from migpart.kube.claims import all_allocated, body_key, is_allocated
@@ -46,10 +47,6 @@ Body = Mapping[str, Any]
 
 class Redo(Exception):
     """A device chosen for destruction was allocated meanwhile: plan again from scratch."""
-
-
-def uid_of(body: Body) -> str:
-    return str((body.get("metadata") or {}).get("uid") or "")
 
 
 def removed_devices(node: MigNode, targets: Iterable[GpuPlan]) -> frozenset[DeviceId]:

@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 import kopf
 
 from migpart.api.models import GpuPartitionPolicyStatus, MigNode, MigNodeSpec
+from migpart.controller.scope import strip
 from migpart.kube.claims import list_claims_quorum
 from migpart.kube.objects import patch_mignode_spec, patch_policy_status
 from migpart.kube.slices import SlicePublisher
@@ -91,7 +92,7 @@ class KubeEffects:
 
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
         written = await patch_mignode_spec(self.api, node, spec)
-        self.publisher.observe(MigNode.model_validate(_known(written)))
+        self.publisher.observe(MigNode.model_validate(strip(written)))
         return written
 
     async def write_status(self, policy: str, status: GpuPartitionPolicyStatus) -> None:
@@ -99,11 +100,6 @@ class KubeEffects:
 
     def event(self, body: Body, type: str, reason: str, message: str) -> None:
         kopf.event(as_body(body), type=type, reason=reason, message=message)
-
-
-def _known(body: Body) -> dict[str, Any]:
-    keys = ("apiVersion", "kind", "metadata", "spec", "status")
-    return {k: body[k] for k in keys if k in body}
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,7 +104,7 @@ def _revision(body: Body) -> str:
     return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
-def _uid(body: Body) -> str:
+def uid_of(body: Body) -> str:
     return str((body.get("metadata") or {}).get("uid") or "")
 
 
@@ -128,7 +128,6 @@ class _PolicyNodes:
 
     views: tuple[NodeView, ...]
     names: frozenset[str]
-    models: Mapping[str, tuple[str, ...]]  # node -> its GPU models
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +266,7 @@ class ScopeCache:
         order = sorted(policies, key=lambda n: (-policies[n].spec.priority, n))
         # by generation, not resourceVersion: our own status writes change the latter
         policy_key = tuple(
-            (n, _uid(cluster.policies[n]), str(policies[n].metadata.get("generation")))
+            (n, uid_of(cluster.policies[n]), str(policies[n].metadata.get("generation")))
             for n in order
         )
         for gone in set(self._nodes) - set(cluster.mignodes):
@@ -302,7 +301,6 @@ class ScopeCache:
             p: _PolicyNodes(
                 views=tuple(views),
                 names=frozenset(node_name(v.node) for v in views),
-                models={node_name(v.node): v.models for v in views},
             )
             for p, views in by_policy.items()
         }
@@ -366,7 +364,7 @@ class ScopeCache:
     ) -> _Outcome:
         """The claim's outcome in the current world, computed only if something it depends
         on changed."""
-        uid = _uid(claim) or body_key(claim)
+        uid = uid_of(claim) or body_key(claim)
         revision = _revision(claim)
         entry = self._claims.get(uid)
         world = self._world.version
@@ -440,7 +438,7 @@ class ScopeCache:
             claim = cluster.claims.get(key)
             if claim is None or key in allocated or (claim.get("status") or {}).get("allocation"):
                 continue
-            pending_uids.append(_uid(claim) or key)
+            pending_uids.append(uid_of(claim) or key)
             if not self._order:
                 continue
             outcome = self.outcome(
@@ -454,14 +452,11 @@ class ScopeCache:
                 pending += 1
         self.forget_claims(pending_uids)
         views = mine.views if mine is not None else ()
-        tables: dict[str, ModelTable] = {}
-        for view in views:
-            for model, table in view.tables.items():
-                tables.setdefault(model, table)
+        everywhere = self._cut(policy_name, None) if mine is not None else None
         return Scope(
             nodes=tuple(v.node for v in views),
             demand=PolicyDemand(tuple(requests), tuple(unsatisfiable), pending),
-            tables=tables,
+            tables=everywhere.tables if everywhere is not None else {},
             gpus=sum(v.gpus for v in views),
         )
 

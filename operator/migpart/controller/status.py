@@ -8,8 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from migpart.api.models import Condition, GpuPartitionPolicyStatus, LastPlan
-from migpart.controller.destroy import uid_of
-from migpart.controller.scope import Scope
+from migpart.controller.scope import Scope, uid_of
 from migpart.dra import now_iso
 
 Body = Mapping[str, Any]
