@@ -6,15 +6,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any
 
 import structlog
-from pydantic import ValidationError
 
 from migpart.controller.errors import Outcome, survive
-from migpart.controller.indexes import _flatten, cluster_from
+from migpart.controller.indexes import cluster_from
 from migpart.controller.reconcile import PolicyRound
-from migpart.controller.scope import parse_policy
 from migpart.controller.state import OperatorState
 from migpart.controller.workers import Signals
 
@@ -25,16 +23,6 @@ SETTLE_S = 0.02
 # A loop runs a round at least this often even when nothing it watches changed (a safety net,
 # and what ends a quorum-read sighting that the claim watch never confirmed).
 FULL_ROUND_S = 30.0
-
-
-def _plannable(body: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
-    if body is None:
-        return False
-    try:
-        parse_policy(body)
-    except ValidationError:
-        return False  # reported by policy_changed; wait for the next change
-    return True
 
 
 async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None:
@@ -55,10 +43,12 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
             wait = state.tick_s
             if again or seen != state.changes or time.monotonic() - last_round > FULL_ROUND_S:
                 seen, last_round = state.changes, time.monotonic()
-                body = _flatten(state.indexes["policies_index"]).get(name)
+                cluster = cluster_from(state.indexes)
+                body = cluster.policies.get(name)
                 again = False
-                if _plannable(body):
-                    round_ = PolicyRound(state, name, body, cluster_from(state.indexes))
+                # an invalid policy is reported by policy_changed: wait for the next change
+                if body is not None and state.scopes.policy(name, body) is not None:
+                    round_ = PolicyRound(state, name, body, cluster)
                     outcome = await survive(round_.run, state.tick_s)
                     wait = outcome.wait
                     again = round_.deferred or outcome.failure is not None

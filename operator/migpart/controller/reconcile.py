@@ -24,9 +24,9 @@ from migpart.api.models import (
     LastPlan,
 )
 from migpart.controller.decisions import choose_nodes, layout_changes, node_spec
-from migpart.controller.destroy import DestroyProtocol, Redo, uid_of
+from migpart.controller.destroy import DestroyProtocol, Redo
 from migpart.controller.indexes import with_own_writes
-from migpart.controller.scope import Cluster, PolicyDemand, Scope, parse_policy
+from migpart.controller.scope import Cluster, PolicyDemand, Scope, uid_of
 from migpart.controller.state import JournalEntry, OperatorState, PlanTiming
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import now_iso
@@ -84,10 +84,10 @@ class PolicyRound:
         return self.state.scopes.scope(self.name, self.cluster, self.destroy.unseen_claims(claims))
 
     async def run(self) -> RoundResult:
-        policy = parse_policy(self.body)
         await self.destroy.restore_leftovers()
+        policy = self.state.scopes.policy(self.name, self.body)
         scope = self.scope()
-        if scope is None:
+        if policy is None or scope is None:
             return RoundResult()
         self.warn_unsatisfiable(scope.demand.unsatisfiable)
         self.state.metrics.pending_requests.labels(self.name).set(scope.demand.pending)
