@@ -32,7 +32,7 @@ from migpart.controller.scope import parse_policy
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.errors import MigpartError
 from migpart.kube.client import open_client
-from migpart.kube.slices import Published, SlicePublisher
+from migpart.kube.slices import SLICE_LABELS, Published, SlicePublisher
 
 log = structlog.get_logger(__name__)
 
@@ -214,7 +214,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         *RESOURCE,
         "resourceslices",
         registry=registry,
-        labels={"app.kubernetes.io/managed-by": "migpart"},
+        labels=dict(SLICE_LABELS),
     )(slice_changed)
     kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)(policy_changed)
     return registry

@@ -42,6 +42,8 @@ log = structlog.get_logger(__name__)
 
 SLICE_PLURAL = "resourceslices"
 DIGEST_ANNOTATION = "migpart.io/devices-digest"
+# on every slice we write; the operator's slice watch selects by it
+SLICE_LABELS = {"app.kubernetes.io/managed-by": "migpart"}
 
 Device = dict[str, Any]
 
@@ -116,7 +118,7 @@ def slice_body(
     """A complete resource.k8s.io/v1 ResourceSlice for `node` at pool `generation`."""
     metadata: dict[str, Any] = {
         "name": slice_name(node),
-        "labels": {"app.kubernetes.io/managed-by": "migpart"},
+        "labels": dict(SLICE_LABELS),
         "annotations": {DIGEST_ANNOTATION: devices_digest(devices)},
     }
     if owner is not None:
