@@ -148,7 +148,7 @@ class ProfileInfo(_Model):
     placements: list[NonNegative]
     max_instances: NonNegative
     memory_mib: NonNegative = Field(alias="memoryMiB")
-    multiprocessors: NonNegative
+    multiprocessors: NonNegative = 0
     copy_engines: NonNegative = 0
     decoders: NonNegative = 0
     encoders: NonNegative = 0

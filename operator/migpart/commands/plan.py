@@ -20,9 +20,10 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from migpart.api.models import GpuPartitionPolicySpec
+from migpart.api.models import GpuPartitionPolicySpec, ProfileInfo
 from migpart.errors import InvalidInput
-from migpart.planning.codec import encode_plan, parse_input
+from migpart.mig import Profile
+from migpart.planning.codec import Parsers, encode_plan, parse_input
 from migpart.planning.model import PolicyView
 from migpart.planning.planner import plan
 
@@ -59,22 +60,37 @@ def _read(source: str) -> object:
         ) from None
 
 
+def _invalid(error: ValidationError) -> InvalidInput:
+    """The first error, with its path written the contract's way (`profiles.allow[0]`)."""
+    first = error.errors()[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+    return InvalidInput(where.removeprefix("."), first["msg"])
+
+
 def policy_view(raw: object) -> PolicyView:
-    """What a GpuPartitionPolicy spec lets the planner do; InvalidInput names the first bad
-    field inside the spec (e.g. `profiles.allow[0]`)."""
+    """What a GpuPartitionPolicy spec lets the planner do."""
     try:
         return GpuPartitionPolicySpec.model_validate(raw).policy_view()
     except ValidationError as error:
-        first = error.errors()[0]
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
-        raise InvalidInput(where.removeprefix("."), first["msg"]) from None
+        raise _invalid(error) from None
+
+
+def profile(raw: object) -> Profile:
+    """A model table's profile, parsed as the MigNode status's `ProfileInfo`."""
+    try:
+        return ProfileInfo.model_validate(raw).to_profile()
+    except ValidationError as error:
+        raise _invalid(error) from None
+
+
+PARSERS = Parsers(policy=policy_view, profile=profile)
 
 
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
         document = _read(args.input)
-        parsed = parse_input(document, policy_view)
+        parsed = parse_input(document, PARSERS)
     except _Usage as exc:
         print(f"migpart plan: {exc}", file=sys.stderr)
         return 2

@@ -4,10 +4,12 @@ Parsing validates everything the planner relies on, so the planner itself never 
 snapshot: every error is an `InvalidInput` whose path names the field exactly
 (`nodes[3].gpus[0].model: unknown model and no profile table given`).
 
-Beyond the contract, the snapshot may carry an optional `policy` object, a GpuPartitionPolicy's
-spec (`{"profiles": {"allow": [...], "deny": [...]}, "spares": [...], ...}`). Its shape belongs
-to the api model, which planning may not import, so the caller passes the function that parses
-it (`migpart.commands.plan.policy_view`); its errors are reported under `policy`. Requests may
+Two shapes in the document belong to the api models, which planning may not import: a model's
+profile (`models[...].profiles[i]`, the MigNode status's `ProfileInfo`) and the optional
+`policy` object, a GpuPartitionPolicy's spec (`{"profiles": {"allow": [...]}, "spares": [...],
+...}`). The caller passes the functions that parse them (`migpart.commands.plan.PARSERS`), so a
+new field needs the api model only; their errors are reported under the path of the object.
+What depends on the model's table (slice counts, placements in range) is checked here. Requests may
 carry an optional `nodes` list and an optional `sameGpu` boolean (all `count` devices on one
 GPU, `Request.same_gpu`).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from migpart.errors import InvalidInput
 from migpart.mig import CATALOG, Instance, ModelTable, Profile, layout_problems
@@ -30,8 +32,15 @@ from migpart.planning.model import (
     Snapshot,
 )
 
-# Parses a GpuPartitionPolicy spec; raises InvalidInput with a path inside the spec.
-PolicyParser = Callable[[object], PolicyView]
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Parsers:
+    """The api models' parsers. Each raises InvalidInput with a path inside what it parses."""
+
+    policy: Callable[[object], PolicyView]
+    profile: Callable[[object], Profile]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,57 +116,35 @@ def _unknown_keys(obj: Mapping[str, Any], allowed: set[str], path: str) -> None:
             raise InvalidInput(_join(path, str(key)), "unknown field")
 
 
-_PROFILE_KEYS = {
-    "name", "computeSlices", "memorySlices", "placements", "maxInstances", "memoryMiB",
-    "multiprocessors", "copyEngines", "decoders", "encoders", "jpegs", "ofas",
-}  # fmt: skip
-
-
-def _profile(raw: object, path: str, compute: int, memory: int) -> Profile:
-    obj = _object(raw, path)
-    _unknown_keys(obj, _PROFILE_KEYS, path)
-    name = _str(_field(obj, "name", path), _join(path, "name"))
-    cs = _int(_field(obj, "computeSlices", path), _join(path, "computeSlices"), 1)
-    ms = _int(_field(obj, "memorySlices", path), _join(path, "memorySlices"), 1)
-    if cs > compute:
-        raise InvalidInput(_join(path, "computeSlices"), f"{cs} exceeds the model's {compute}")
-    if ms > memory:
-        raise InvalidInput(_join(path, "memorySlices"), f"{ms} exceeds the model's {memory}")
+def _profile(raw: object, path: str, parse: Parsers, compute: int, memory: int) -> Profile:
+    prof = _within(path, parse.profile, raw)
+    for key, value, limit in (
+        ("computeSlices", prof.compute_slices, compute),
+        ("memorySlices", prof.memory_slices, memory),
+    ):
+        if value < 1:
+            raise InvalidInput(_join(path, key), "must be at least 1")
+        if value > limit:
+            raise InvalidInput(_join(path, key), f"{value} exceeds the model's {limit}")
     placements_path = _join(path, "placements")
-    placements = []
-    for j, raw_start in enumerate(_list(_field(obj, "placements", path), placements_path)):
-        start = _int(raw_start, f"{placements_path}[{j}]", 0)
-        if start + ms > memory:
+    for j, start in enumerate(prof.placements):
+        if start + prof.memory_slices > memory:
             raise InvalidInput(
-                f"{placements_path}[{j}]", f"start {start} + {ms} slices exceeds {memory}"
+                f"{placements_path}[{j}]",
+                f"start {start} + {prof.memory_slices} slices exceeds {memory}",
             )
-        placements.append(start)
-    if not placements:
+    if not prof.placements:
         raise InvalidInput(placements_path, "must not be empty")
-    if len(set(placements)) != len(placements):
+    if len(set(prof.placements)) != len(prof.placements):
         raise InvalidInput(placements_path, "duplicate start")
-    extra = {
-        key: _int(obj[key], _join(path, key), 0)
-        for key in ("multiprocessors", "copyEngines", "decoders", "encoders", "jpegs", "ofas")
-        if key in obj
-    }
-    return Profile(
-        name=name,
-        compute_slices=cs,
-        memory_slices=ms,
-        placements=tuple(placements),
-        max_instances=_int(_field(obj, "maxInstances", path), _join(path, "maxInstances"), 1),
-        memory_mib=_int(_field(obj, "memoryMiB", path), _join(path, "memoryMiB"), 1),
-        multiprocessors=extra.get("multiprocessors", 0),
-        copy_engines=extra.get("copyEngines", 0),
-        decoders=extra.get("decoders", 0),
-        encoders=extra.get("encoders", 0),
-        jpegs=extra.get("jpegs", 0),
-        ofas=extra.get("ofas", 0),
-    )
+    if prof.max_instances < 1:
+        raise InvalidInput(_join(path, "maxInstances"), "must be at least 1")
+    if prof.memory_mib < 1:
+        raise InvalidInput(_join(path, "memoryMiB"), "must be at least 1")
+    return prof
 
 
-def _table(model: str, raw: object, path: str) -> ModelTable:
+def _table(model: str, raw: object, path: str, parse: Parsers) -> ModelTable:
     obj = _object(raw, path)
     _unknown_keys(obj, {"computeSlices", "memorySlices", "profiles"}, path)
     compute = _int(_field(obj, "computeSlices", path), _join(path, "computeSlices"), 1)
@@ -167,7 +154,7 @@ def _table(model: str, raw: object, path: str) -> ModelTable:
     names: set[str] = set()
     raw_profiles = _list(_field(obj, "profiles", path), profiles_path)
     for i, raw_profile in enumerate(raw_profiles):
-        prof = _profile(raw_profile, f"{profiles_path}[{i}]", compute, memory)
+        prof = _profile(raw_profile, f"{profiles_path}[{i}]", parse, compute, memory)
         if prof.name in names:
             raise InvalidInput(f"{profiles_path}[{i}].name", f"duplicate profile {prof.name!r}")
         names.add(prof.name)
@@ -177,10 +164,11 @@ def _table(model: str, raw: object, path: str) -> ModelTable:
     return ModelTable(model, compute, memory, tuple(profiles))
 
 
-def _tables(raw: object) -> dict[str, ModelTable]:
+def _tables(raw: object, parse: Parsers) -> dict[str, ModelTable]:
     obj = _object(raw, "models")
     return {
-        str(model): _table(str(model), body, f"models[{model!r}]") for model, body in obj.items()
+        str(model): _table(str(model), body, f"models[{model!r}]", parse)
+        for model, body in obj.items()
     }
 
 
@@ -290,25 +278,26 @@ def _requests(raw: object, known: set[str]) -> tuple[Request, ...]:
     return tuple(requests)
 
 
-def _policy(raw: object, parse: PolicyParser) -> PolicyView:
+def _within(path: str, parse: Callable[[object], _T], raw: object) -> _T:
+    """`parse(raw)`, with the path of an InvalidInput made relative to the document."""
     try:
         return parse(raw)
     except InvalidInput as error:
-        where = f"policy.{error.path}" if error.path else "policy"
+        where = _join(path, error.path) if error.path else path
         raise InvalidInput(where, error.message) from None
 
 
-def parse_input(raw: object, parse_policy: PolicyParser) -> PlanInput:
+def parse_input(raw: object, parse: Parsers) -> PlanInput:
     """Validate and convert a decoded snapshot document; raises InvalidInput naming the field.
 
-    `parse_policy` parses the document's `policy`, when it has one.
+    `parse` holds the api models' parsers for the profiles and the optional `policy`.
     """
     obj = _object(raw, "")
     _unknown_keys(obj, {"models", "nodes", "requests", "policy"}, "")
-    tables = _tables(obj["models"]) if "models" in obj else {}
+    tables = _tables(obj["models"], parse) if "models" in obj else {}
     nodes = _nodes(_field(obj, "nodes", ""), tables)
     requests = _requests(obj.get("requests", []), _known_profiles(tables))
-    policy = _policy(obj["policy"], parse_policy) if "policy" in obj else PolicyView()
+    policy = _within("policy", parse.policy, obj["policy"]) if "policy" in obj else PolicyView()
     return PlanInput(Snapshot(nodes=nodes, tables=tables), requests, policy)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from migpart.commands.plan import policy_view
+from migpart.commands.plan import PARSERS
 from migpart.errors import InvalidInput
 from migpart.mig import Instance
 from migpart.planning.codec import PlanInput, encode_plan, parse_input
@@ -39,7 +39,7 @@ BASE: dict[str, Any] = {
 
 def parse(document: object) -> PlanInput:
     """The document parsed as `migpart plan` parses it (policies by the api model)."""
-    return parse_input(document, policy_view)
+    return parse_input(document, PARSERS)
 
 
 def doc(**patches: Any) -> dict[str, Any]:
@@ -279,7 +279,7 @@ BAD_TABLES = [
     ),
     (
         {**TABLE, "profiles": [{**TABLE["profiles"][0], "maxInstances": ...}]},
-        "models['Fake GPU'].profiles[0].maxInstances: missing",
+        "models['Fake GPU'].profiles[0].maxInstances: Field required",
     ),
 ]
 
