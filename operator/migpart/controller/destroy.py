@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -35,7 +35,7 @@ from migpart.controller.metrics import Metrics
 from migpart.controller.scope import uid_of
 from migpart.controller.state import FRESH_S, Hooks, JournalEntry, Sighting
 from migpart.dra import DeviceId, allocated_ids
-from migpart.kube.claims import all_allocated, body_key, is_allocated
+from migpart.kube.claims import AllocatedDevices, body_key, is_allocated
 from migpart.kube.snapshot import node_name
 from migpart.mig import Instance
 from migpart.planning.model import GpuPlan
@@ -72,6 +72,8 @@ class DestroyProtocol:
     # claim uid -> its allocation as a quorum read saw it (shared by every round)
     sightings: dict[str, Sighting]
     grace_s: float = 1.0
+    # the claim index's devices, kept across rounds
+    index: AllocatedDevices = field(default_factory=AllocatedDevices)
 
     async def restore_leftovers(self) -> None:
         """Devices still withdrawn at the start of a round belong to a round that failed
@@ -97,7 +99,7 @@ class DestroyProtocol:
 
     def allocated(self, claims: Mapping[str, Body]) -> frozenset[DeviceId]:
         """Every device a claim holds: as the index shows, plus the sightings."""
-        indexed = all_allocated(claims.values())
+        indexed = self.index.of(claims)
         return indexed.union(*(s.devices for s in self.fresh(claims).values()))
 
     def unseen_claims(self, claims: Mapping[str, Body]) -> frozenset[str]:

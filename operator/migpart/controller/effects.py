@@ -18,7 +18,7 @@ from typing import Any, Protocol, cast
 import kopf
 
 from migpart.api.models import GpuPartitionPolicyStatus, MigNode, MigNodeSpec
-from migpart.controller.scope import strip
+from migpart.controller.scope import ScopeCache, strip
 from migpart.kube.claims import list_claims_quorum
 from migpart.kube.objects import patch_mignode_spec, patch_policy_status
 from migpart.kube.slices import SlicePublisher
@@ -71,6 +71,8 @@ class KubeEffects:
 
     api: Any  # kubernetes_asyncio ApiClient
     publisher: SlicePublisher
+    # parses the written MigNode once for the publisher and the watch event that follows
+    scopes: ScopeCache = field(default_factory=ScopeCache)
 
     def withdrawing(self) -> list[str]:
         return self.publisher.withdrawing()
@@ -92,7 +94,8 @@ class KubeEffects:
 
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
         written = await patch_mignode_spec(self.api, node, spec)
-        self.publisher.observe(MigNode.model_validate(strip(written)))
+        view = self.scopes.node(node, written)
+        self.publisher.observe(view.node if view else MigNode.model_validate(strip(written)))
         return written
 
     async def write_status(self, policy: str, status: GpuPartitionPolicyStatus) -> None:

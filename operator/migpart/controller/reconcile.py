@@ -31,7 +31,7 @@ from migpart.controller.state import JournalEntry, OperatorState, PlanTiming
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import now_iso
 from migpart.kube.claims import body_key, claim_generation
-from migpart.kube.snapshot import build_snapshot, node_name
+from migpart.kube.snapshot import SnapshotCache, node_name
 from migpart.planning.model import Plan
 from migpart.planning.planner import plan as make_plan
 
@@ -73,6 +73,7 @@ class PolicyRound:
             state.metrics,
             state.fresh_allocations,
             state.withdraw_grace_s,
+            state.allocations,
         )
         self.log = log.bind(policy=name)
         # set by run: a plan was held back (batch window open, or paced), until when (s)
@@ -135,7 +136,8 @@ class PolicyRound:
     ) -> tuple[RoundResult, LastPlan | None]:
         began = time.perf_counter()
         allocated = self.destroy.allocated(self.cluster.claims)
-        snapshot = build_snapshot(scope.nodes, allocated, scope.tables)
+        snapshots = self.state.snapshots.setdefault(self.name, SnapshotCache())
+        snapshot = snapshots.build(scope.nodes, allocated, scope.tables)
         started = time.perf_counter()
         plan = make_plan(snapshot, scope.demand.requests, policy.spec.policy_view())
         duration_s = time.perf_counter() - started

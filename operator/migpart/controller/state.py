@@ -18,8 +18,10 @@ from migpart.controller.metrics import Metrics
 from migpart.controller.scope import ScopeCache
 from migpart.controller.workers import Workers
 from migpart.dra import DeviceId
+from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
 from migpart.kube.slices import SlicePublisher
+from migpart.kube.snapshot import SnapshotCache
 
 # How long a quorum-read sighting of an allocation stands in for the claim watch (which
 # normally shows it within a second): after that it is forgotten even if the watch never
@@ -97,6 +99,9 @@ class OperatorState:
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
     # parsed objects and per-claim outcomes, shared by every policy's rounds (scope.py)
     scopes: ScopeCache = field(default_factory=ScopeCache)
+    # the claim index's allocated devices, and each policy's last snapshot, kept across rounds
+    allocations: AllocatedDevices = field(default_factory=AllocatedDevices)
+    snapshots: dict[str, SnapshotCache] = field(default_factory=dict)
     # one planning loop per policy (loop.plan_policy)
     workers: Workers = field(default_factory=Workers)
     # kopf's live index views (id -> index), kept from the first policy event for the loops
@@ -108,7 +113,7 @@ class OperatorState:
 
     def __post_init__(self) -> None:
         if self.effects is None:
-            self.effects = KubeEffects(self.api, self.publisher)
+            self.effects = KubeEffects(self.api, self.publisher, self.scopes)
 
     def wake_all(self) -> None:
         self.changes += 1

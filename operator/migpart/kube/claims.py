@@ -39,6 +39,31 @@ def all_allocated(claims: Iterable[Body]) -> frozenset[DeviceId]:
     return frozenset(d for c in claims for d in allocated_ids(c))
 
 
+class AllocatedDevices:
+    """`all_allocated` over a claim index, kept across rounds: a claim's devices are parsed
+    again only when its body changed (by identity: an index keeps a claim's body object until
+    the claim changes), so a round costs the claims that changed, not all of them."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, tuple[Body, frozenset[DeviceId]]] = {}
+        self._all: frozenset[DeviceId] = frozenset()
+
+    def of(self, claims: Mapping[str, Body]) -> frozenset[DeviceId]:
+        changed = False
+        for gone in self._claims.keys() - claims.keys():
+            changed = changed or bool(self._claims.pop(gone)[1])
+        for key, body in claims.items():
+            known = self._claims.get(key)
+            if known is not None and known[0] is body:
+                continue
+            devices = frozenset(allocated_ids(body))
+            changed = changed or devices != (known[1] if known else frozenset())
+            self._claims[key] = (body, devices)
+        if changed:
+            self._all = frozenset().union(*(d for _, d in self._claims.values() if d))
+        return self._all
+
+
 def pod_claim_keys(pod: Body) -> frozenset[str]:
     """Every claim the pod uses, as "namespace/name" (direct and template-generated)."""
     namespace = str((pod.get("metadata") or {}).get("namespace", ""))

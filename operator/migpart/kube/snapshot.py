@@ -44,6 +44,42 @@ def gpu_state(
     return GpuState(node=name, index=gpu.index, model=gpu.model, instances=instances)
 
 
+def node_state(
+    node: MigNode, allocated: frozenset[DeviceId]
+) -> tuple[NodeState | None, dict[str, ModelTable]]:
+    """One node for the planner, with the profile tables its agent reports (None: no status
+    or no MIG-enabled GPU, nothing can be planned there)."""
+    if node.status is None:
+        return None, {}
+    name = node_name(node)
+    planned = node.desired()
+    gpus: list[GpuState] = []
+    tables: dict[str, ModelTable] = {}
+    for gpu in sorted(node.status.gpus, key=lambda g: g.index):
+        if not gpu.mig_enabled:
+            continue
+        if gpu.profiles and gpu.model not in tables:
+            tables[gpu.model] = gpu.table()
+        gpus.append(gpu_state(name, gpu, planned.get(gpu.index), allocated))
+    return (NodeState(name=name, gpus=tuple(gpus)) if gpus else None), tables
+
+
+def _assemble(
+    states: Iterable[tuple[NodeState | None, Mapping[str, ModelTable]]],
+    known_tables: Mapping[str, ModelTable] | None,
+) -> Snapshot:
+    tables: dict[str, ModelTable] = dict(known_tables or {})
+    nodes: list[NodeState] = []
+    for state, own in states:
+        if state is None:
+            continue
+        nodes.append(state)
+        for model in {g.model for g in state.gpus} - tables.keys():
+            if model in own:
+                tables[model] = own[model]
+    return Snapshot(nodes=tuple(nodes), tables=tables)
+
+
 def build_snapshot(
     nodes: Iterable[MigNode],
     allocated: frozenset[DeviceId],
@@ -51,24 +87,47 @@ def build_snapshot(
 ) -> Snapshot:
     """The planner's view of `nodes`; GPUs without MIG mode or nodes without status are left
     out (nothing can be planned on them). `known_tables`: the models' profile tables as the
-    caller already built them from these nodes (else built here from each GPU's status)."""
-    states: list[NodeState] = []
-    tables: dict[str, ModelTable] = dict(known_tables or {})
-    for node in sorted(nodes, key=node_name):
-        if node.status is None:
-            continue
-        name = node_name(node)
-        planned = node.desired()
-        gpus: list[GpuState] = []
-        for gpu in sorted(node.status.gpus, key=lambda g: g.index):
-            if not gpu.mig_enabled:
+    caller already built them from these nodes (else taken from each GPU's status)."""
+    return _assemble((node_state(n, allocated) for n in sorted(nodes, key=node_name)), known_tables)
+
+
+class SnapshotCache:
+    """`build_snapshot` for a node set planned again and again: a node's state is rebuilt only
+    when its MigNode (the parsed object, by identity: the operator parses each resourceVersion
+    once) or the allocated devices in its pool changed, so a plan costs what changed, not the
+    cluster. The snapshots are equal to `build_snapshot`'s."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[
+            str,
+            tuple[MigNode, frozenset[DeviceId], tuple[NodeState | None, dict[str, ModelTable]]],
+        ] = {}
+
+    def build(
+        self,
+        nodes: Iterable[MigNode],
+        allocated: frozenset[DeviceId],
+        known_tables: Mapping[str, ModelTable] | None = None,
+    ) -> Snapshot:
+        by_pool: dict[str, set[DeviceId]] = {}
+        for device in allocated:
+            by_pool.setdefault(device.pool, set()).add(device)
+        ordered = sorted(nodes, key=node_name)
+        seen = {node_name(n) for n in ordered}
+        for gone in self._nodes.keys() - seen:
+            del self._nodes[gone]
+        states = []
+        for node in ordered:
+            name = node_name(node)
+            mine = frozenset(by_pool.get(name, ()))
+            known = self._nodes.get(name)
+            if known is not None and known[0] is node and known[1] == mine:
+                states.append(known[2])
                 continue
-            if gpu.profiles and gpu.model not in tables:
-                tables[gpu.model] = gpu.table()
-            gpus.append(gpu_state(name, gpu, planned.get(gpu.index), allocated))
-        if gpus:
-            states.append(NodeState(name=name, gpus=tuple(gpus)))
-    return Snapshot(nodes=tuple(states), tables=tables)
+            state = node_state(node, mine)
+            self._nodes[name] = (node, mine, state)
+            states.append(state)
+        return _assemble(states, known_tables)
 
 
 def reconfiguring(node: MigNode) -> bool:

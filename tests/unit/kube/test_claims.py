@@ -14,6 +14,8 @@ from migpart.controller.scope import Cluster, scope_of
 from migpart.controller.state import FRESH_S, OperatorState, Sighting
 from migpart.dra import DRIVER, DeviceId, allocated_ids
 from migpart.kube.claims import (
+    AllocatedDevices,
+    all_allocated,
     pending_claims,
     pod_claim_keys,
     pod_unschedulable,
@@ -196,3 +198,17 @@ def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
     assert round_.destroy.unseen_claims(cluster.claims) == {"team-a/lagging"}
     assert set(state.fresh_allocations) == {"uid-lagging", "uid-unseen"}
     assert round_.destroy.allocated(cluster.claims) == {indexed_device, lagging_device}
+
+
+def test_allocated_devices_follow_the_claim_index_as_it_changes() -> None:
+    index = AllocatedDevices()
+    claims: dict[str, Any] = {"team-a/x": claim("x"), "team-a/y": claim("y")}
+    assert index.of(claims) == frozenset()
+    claims["team-a/x"] = claim("x", allocated_to="gpu-0-3g40gb-0")
+    assert index.of(claims) == all_allocated(claims.values()) == {DeviceId("n1", "gpu-0-3g40gb-0")}
+    claims["team-a/y"] = claim("y", allocated_to="gpu-0-3g40gb-4")
+    assert index.of(claims) == all_allocated(claims.values())
+    del claims["team-a/x"]
+    assert index.of(claims) == {DeviceId("n1", "gpu-0-3g40gb-4")}
+    claims["team-a/y"] = claim("y")  # deallocated
+    assert index.of(claims) == frozenset()
