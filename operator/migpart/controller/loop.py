@@ -29,8 +29,10 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
     """The planning loop of one policy (run by `state.workers`): a round whenever something it
     watches changed, when a held-back plan is due (batch window, pacing), after a failure's
     retry delay, and every FULL_ROUND_S regardless; every round recomputes from the indexes
-    (through the shared scope cache). Ends when stopped (the policy's DELETED event, or the
-    operator's exit)."""
+    (through the shared scope cache). While a plan is held back, changes do not bring the
+    next round forward: it could not plan sooner, and it sees every change when it runs (under
+    a burst of pod events this is what keeps the rounds as few as the plans). Ends when
+    stopped (the policy's DELETED event, or the operator's exit)."""
     wake, stopped = signals.wake, signals.stopped
     reported: str | None = None  # the failure last told in an Event, while it lasts
     seen = -1  # state.changes when the last round began
@@ -41,6 +43,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
             wake.clear()
             assert state.indexes is not None  # set before the first worker starts
             wait = state.tick_s
+            held_back = False
             if again or seen != state.changes or time.monotonic() - last_round > FULL_ROUND_S:
                 seen, last_round = state.changes, time.monotonic()
                 cluster = cluster_from(state.indexes)
@@ -54,11 +57,16 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                     again = round_.deferred or outcome.failure is not None
                     if round_.deferred and outcome.failure is None:
                         wait = min(wait, max(round_.retry_in_s, SETTLE_S))
+                        held_back = True
                     if outcome.failure is not None:
                         report_failure(state, name, body, outcome, tell=outcome.failure != reported)
                     reported = outcome.failure
             if stopped.is_set():
                 return
+            if held_back:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopped.wait(), timeout=wait)
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=wait)
                 # Woken by an index handler, which runs before kopf stores its result:

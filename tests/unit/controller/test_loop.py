@@ -1,0 +1,67 @@
+"""The planning loop: when a policy's rounds run."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from migpart.controller import loop
+from migpart.controller.effects import InMemoryEffects
+from migpart.controller.reconcile import PolicyRound
+from migpart.controller.workers import Signals
+from tests.unit.controller.test_round import one_gpu, operator, world
+from tests.unit.controller.factories import claim
+
+
+def live_indexes(**bodies: dict[str, Any]) -> dict[str, dict[str, list[Any]]]:
+    """kopf's index views: index id -> key -> the values stored under it."""
+    return {index: {k: [v] for k, v in values.items()} for index, values in bodies.items()}
+
+
+async def test_changes_do_not_bring_a_held_back_plan_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch window is open: a burst of changes must not each run a round (each would scope
+    the whole cluster only to find the plan still held back); the next round runs when the
+    window ends, and plans."""
+    nodes = {"a": one_gpu("a", 1)}
+    cluster = world(nodes, [claim("c1", "3g.40gb")], batchWindowSeconds=1)
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    state.indexes = live_indexes(
+        mignodes_index=dict(cluster.mignodes),
+        nodes_index={
+            n: {"labels": f.labels, "taints": f.taints} for n, f in cluster.node_facts.items()
+        },
+        policies_index=dict(cluster.policies),
+        claims_index=dict(cluster.claims),
+        classes_index=dict(cluster.device_classes),
+    )
+    state.indexes["waiting_index"] = {k: list(v) for k, v in cluster.waiting.items()}
+    rounds: list[bool] = []
+    real_run = PolicyRound.run
+
+    async def counted(self: PolicyRound) -> Any:
+        result = await real_run(self)
+        rounds.append(self.deferred)
+        return result
+
+    monkeypatch.setattr(PolicyRound, "run", counted)
+    signals = Signals()
+    task = asyncio.create_task(loop.plan_policy(state, "pa", signals))
+    try:
+        while not rounds and not task.done():
+            await asyncio.sleep(0.01)
+        for _ in range(20):  # a burst of pod events inside the window
+            state.wake_all()
+            signals.wake.set()
+            await asyncio.sleep(0.01)
+        assert rounds == [True]  # one round, held back by the window; no round per change
+        while not effects.specs and not task.done():
+            await asyncio.sleep(0.05)
+        assert rounds[-1] is False  # the window ended: planned
+    finally:
+        signals.stopped.set()
+        await task  # raises what ended the loop early, if anything did
