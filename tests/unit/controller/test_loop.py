@@ -11,13 +11,20 @@ from migpart.controller import loop
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.workers import Signals
-from tests.unit.controller.test_round import one_gpu, operator, world
 from tests.unit.controller.factories import claim
+from tests.unit.controller.test_round import one_gpu, operator, world
 
 
 def live_indexes(**bodies: dict[str, Any]) -> dict[str, dict[str, list[Any]]]:
     """kopf's index views: index id -> key -> the values stored under it."""
     return {index: {k: [v] for k, v in values.items()} for index, values in bodies.items()}
+
+
+async def until(event: asyncio.Event, loop_task: asyncio.Task[None]) -> None:
+    """Wait for `event`, or for the loop to end early (its error is raised at the end)."""
+    waiter = asyncio.create_task(event.wait())
+    await asyncio.wait({waiter, loop_task}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
 
 
 async def test_changes_do_not_bring_a_held_back_plan_forward(
@@ -41,27 +48,28 @@ async def test_changes_do_not_bring_a_held_back_plan_forward(
     )
     state.indexes["waiting_index"] = {k: list(v) for k, v in cluster.waiting.items()}
     rounds: list[bool] = []
+    held, planned = asyncio.Event(), asyncio.Event()
     real_run = PolicyRound.run
 
     async def counted(self: PolicyRound) -> Any:
         result = await real_run(self)
         rounds.append(self.deferred)
+        (held if self.deferred else planned).set()
         return result
 
     monkeypatch.setattr(PolicyRound, "run", counted)
     signals = Signals()
     task = asyncio.create_task(loop.plan_policy(state, "pa", signals))
     try:
-        while not rounds and not task.done():
-            await asyncio.sleep(0.01)
+        await until(held, task)
         for _ in range(20):  # a burst of pod events inside the window
             state.wake_all()
             signals.wake.set()
             await asyncio.sleep(0.01)
         assert rounds == [True]  # one round, held back by the window; no round per change
-        while not effects.specs and not task.done():
-            await asyncio.sleep(0.05)
+        await until(planned, task)
         assert rounds[-1] is False  # the window ended: planned
+        assert effects.specs
     finally:
         signals.stopped.set()
         await task  # raises what ended the loop early, if anything did
