@@ -74,6 +74,8 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                 await asyncio.sleep(SETTLE_S)
     finally:
         state.metrics.forget_policy(name)
+        for per_policy in (state.first_pending, state.snapshots, state.plans):
+            per_policy.pop(name, None)
 
 
 def report_failure(

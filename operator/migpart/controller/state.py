@@ -13,6 +13,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
+from migpart.api.models import MigNode
 from migpart.controller.effects import Effects, KubeEffects
 from migpart.controller.metrics import Metrics
 from migpart.controller.scope import ScopeCache
@@ -22,6 +23,7 @@ from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
 from migpart.kube.slices import SlicePublisher
 from migpart.kube.snapshot import SnapshotCache
+from migpart.planning.model import Plan, Request
 
 # How long a quorum-read sighting of an allocation stands in for the claim watch (which
 # normally shows it within a second): after that it is forgotten even if the watch never
@@ -68,6 +70,17 @@ class Hooks:
         self.journal.append(entry)
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything a policy's plan depends on (compared, not hashed: nodes by identity first,
+    as the scope cache hands out the same parsed objects while they are unchanged)."""
+
+    nodes: tuple[MigNode, ...]
+    allocated: frozenset[DeviceId]
+    requests: tuple[Request, ...]
+    generation: object
+
+
 @dataclass
 class OperatorState:
     api: ApiClient
@@ -102,6 +115,8 @@ class OperatorState:
     # the claim index's allocated devices, and each policy's last snapshot, kept across rounds
     allocations: AllocatedDevices = field(default_factory=AllocatedDevices)
     snapshots: dict[str, SnapshotCache] = field(default_factory=dict)
+    # policy name -> the inputs of its last plan carried out in full, and the plan
+    plans: dict[str, tuple[PlanInputs, Plan]] = field(default_factory=dict)
     # one planning loop per policy (loop.plan_policy)
     workers: Workers = field(default_factory=Workers)
     # kopf's live index views (id -> index), kept from the first policy event for the loops

@@ -162,3 +162,60 @@ def test_our_own_write_stands_in_until_the_watch_shows_it() -> None:
     caught_up = {**mine, "metadata": {**mine["metadata"], "resourceVersion": "9"}}
     assert with_own_writes(world({"a": caught_up}, []), written).mignodes["a"] is caught_up
     assert written == {}  # forgotten once the index has it
+
+
+async def test_the_same_inputs_are_not_planned_twice(monkeypatch: Any) -> None:
+    """The planner is pure: a round whose nodes, allocations, requests and policy are those of
+    the last plan carried out reuses it; any change plans again."""
+    from migpart.controller import reconcile
+
+    calls: list[int] = []
+    real_plan = reconcile.make_plan
+
+    def counted(*args: Any, **kwargs: Any) -> Plan:
+        calls.append(1)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(reconcile, "make_plan", counted)
+    busy = {"a": one_gpu("a", 1, ("7g.80gb", 0, "Busy"))}  # nothing can be created
+    effects = InMemoryEffects(mignodes=dict(busy))
+    state = operator(effects)
+    cluster = world(busy, [claim("c1", "3g.40gb")])
+    await run(state, cluster)
+    state.last_plans.clear()  # not paced: this test is about the inputs
+    round_ = await run(state, cluster)
+    assert len(calls) == 1
+    assert not round_.deferred
+    assert effects.specs == []
+    freed = {"a": one_gpu("a", 2)}  # the instance went away: plan again, and write
+    state.last_plans.clear()
+    await run(state, world(freed, [claim("c1", "3g.40gb")]))
+    assert len(calls) == 2
+    assert [node for node, _ in effects.specs] == ["a"]
+
+
+async def test_busy_policies_share_one_planning_budget() -> None:
+    """Pacing: a policy plans again PACE_FACTOR x its last plan's cost later, times the number
+    of policies with pending requests, so that planning CPU does not grow with policies."""
+    import time
+
+    from migpart.controller.reconcile import PACE_FACTOR
+    from migpart.controller.state import PlanTiming
+
+    nodes = {"a": one_gpu("a", 1)}
+    state = operator(InMemoryEffects(mignodes=dict(nodes)))
+    cluster = world(nodes, [claim("c1", "3g.40gb")])
+    round_ = PolicyRound(state, "pa", cluster.policies["pa"], cluster)
+    scope = round_.scope()
+    assert scope is not None
+    policy = state.scopes.policy("pa", cluster.policies["pa"])
+    assert policy is not None
+    long_ago = time.monotonic() - 3600
+    state.first_pending = {"pa": long_ago}
+    state.last_plans["pa"] = PlanTiming(time.monotonic(), 10.0)
+    assert not round_.may_plan(policy, scope.demand)
+    alone = round_.retry_in_s
+    state.first_pending["pb"] = long_ago  # another policy has pending requests too
+    assert not round_.may_plan(policy, scope.demand)
+    assert PACE_FACTOR * 10.0 * 1.5 < round_.retry_in_s <= PACE_FACTOR * 10.0 * 2
+    assert alone <= PACE_FACTOR * 10.0
