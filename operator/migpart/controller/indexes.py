@@ -16,7 +16,7 @@ import kopf
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
-from migpart.kube.claims import claim_key, pod_claim_keys, pod_unschedulable
+from migpart.kube.claims import claim_key, pod_claim_keys, pod_waiting
 from migpart.kube.placement import NodeFacts, node_facts, pod_placement
 
 RESOURCE = ("resource.k8s.io", "v1")
@@ -72,12 +72,12 @@ async def claims_index(
 
 
 async def waiting_index(body: kopf.Body, memo: Any, **_: Any) -> Any:
-    """Claim key -> the placement and priority of an unschedulable pod that uses it."""
+    """Claim key -> the placement and priority of a waiting pod (`pod_waiting`) that uses it."""
     claims = pod_claim_keys(body)
     if not claims:
         return None
     state_of(memo).wake_all()  # also when it stops waiting: the claim may be served
-    if not pod_unschedulable(body):
+    if not pod_waiting(body):
         return None
     placement = pod_placement(body)
     return {key: placement for key in claims}

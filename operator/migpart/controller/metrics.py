@@ -16,7 +16,7 @@ class Metrics:
     def __post_init__(self) -> None:
         self.pending_requests = Gauge(
             "migpart_pending_requests",
-            "Pending claim requests per policy (unallocated claims of unschedulable pods)",
+            "Pending claim requests per policy (unallocated claims of pods not yet scheduled)",
             ["policy"],
             registry=self.registry,
         )

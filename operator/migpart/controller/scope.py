@@ -54,7 +54,7 @@ class Cluster:
     node_labels: Mapping[str, Mapping[str, str]]
     policies: Mapping[str, Body]
     claims: Mapping[str, Body]
-    # claim key -> the placements (kube.placement) of the unschedulable pods that use it
+    # claim key -> the placements (kube.placement) of the waiting pods that use it
     waiting: Mapping[str, tuple[Placement, ...]]
     device_classes: Mapping[str, Body]
     # Node name -> labels and taints

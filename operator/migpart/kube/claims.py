@@ -3,8 +3,8 @@
 Pure functions over API bodies (plain dicts as the watch delivers them), so that the kopf
 indexes can store small values and the rules are unit-tested without an API server.
 
-A claim is pending when it is unallocated and a pod that uses it is unschedulable
-(`PodScheduled=False`, reason `Unschedulable`). A pod names its claims directly
+A claim is pending when it is unallocated and a pod that uses it is waiting to be scheduled:
+not bound to a node, not gated, not being deleted (`pod_waiting`). A pod names its claims directly
 (`spec.resourceClaims[].resourceClaimName`) or through a ResourceClaimTemplate, in which case
 the generated claim's name is in `status.resourceClaimStatuses[].resourceClaimName`.
 """
@@ -80,20 +80,26 @@ def pod_claim_keys(pod: Body) -> frozenset[str]:
     return frozenset(claim_key(namespace, n) for n in names)
 
 
-def pod_unschedulable(pod: Body) -> bool:
-    """The scheduler gave up on the pod for now: `PodScheduled=False/Unschedulable`."""
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "PodScheduled":
-            return bool(cond.get("status") == "False" and cond.get("reason") == "Unschedulable")
-    return False
+def pod_waiting(pod: Body) -> bool:
+    """The pod waits for the scheduler: not bound to a node yet, no scheduling gate holds it
+    back, not being deleted, not finished. Whether the scheduler has tried it already
+    (`PodScheduled=False/Unschedulable`) does not matter: under a burst its first verdict can
+    take tens of seconds, and a claim that existing free devices can serve is planned onto them
+    (nothing is created for it)."""
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName") or spec.get("schedulingGates"):
+        return False
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") in (None, "Pending")
 
 
 def pending_claims(
     claims: Iterable[Body], waiting: frozenset[str], allocated: frozenset[str] = frozenset()
 ) -> list[Body]:
-    """The unallocated claims that some unschedulable pod waits for, sorted by key.
+    """The unallocated claims that some waiting pod uses, sorted by key.
 
-    `waiting` holds the claim keys of unschedulable pods (see `pod_claim_keys`); `allocated`
+    `waiting` holds the claim keys of waiting pods (see `pod_claim_keys`); `allocated`
     the keys of claims known to be allocated from elsewhere than the claim itself, which the
     claim watch may not show yet (see `prepared_claims`).
     """
@@ -110,7 +116,7 @@ def prepared_claims(mignodes: Iterable[Body]) -> frozenset[str]:
 
     kubelet prepares a claim only after kube-scheduler allocated it and bound its pod, so such
     a claim is allocated even while the claim and pod watches, which are separate streams
-    from the MigNode watch, still show it unallocated and its pod unschedulable. Counting it
+    from the MigNode watch, still show it unallocated and its pod waiting. Counting it
     as pending then would plan a second device for it.
     """
     return frozenset(

@@ -18,7 +18,7 @@ from migpart.kube.claims import (
     all_allocated,
     pending_claims,
     pod_claim_keys,
-    pod_unschedulable,
+    pod_waiting,
     prepared_claims,
 )
 from migpart.kube.placement import NodeFacts
@@ -115,7 +115,7 @@ def test_prepared_claims_come_from_every_nodes_instances() -> None:
     assert prepared_claims(nodes) == {"team-a/x", "team-a/y", "team-b/z"}
 
 
-def test_pod_claim_keys_and_unschedulable() -> None:
+def test_pod_claim_keys_and_waiting() -> None:
     pod: dict[str, Any] = {
         "metadata": {"namespace": "team-a", "name": "p"},
         "spec": {
@@ -130,9 +130,16 @@ def test_pod_claim_keys_and_unschedulable() -> None:
         },
     }
     assert pod_claim_keys(pod) == {"team-a/direct", "team-a/p-b-xyz"}
-    assert pod_unschedulable(pod)
-    pod["status"]["conditions"][0]["reason"] = "SchedulerError"
-    assert not pod_unschedulable(pod)
+    assert pod_waiting(pod)
+    del pod["status"]["conditions"]  # not tried by the scheduler yet: waiting all the same
+    assert pod_waiting(pod)
+    for not_waiting in (
+        {"spec": {**pod["spec"], "nodeName": "n1"}},  # bound
+        {"spec": {**pod["spec"], "schedulingGates": [{"name": "quota"}]}},  # gated
+        {"metadata": {**pod["metadata"], "deletionTimestamp": "2026-11-23T00:00:00Z"}},
+        {"status": {**pod["status"], "phase": "Succeeded"}},
+    ):
+        assert not pod_waiting({**pod, **not_waiting}), not_waiting
 
 
 def cluster_with(node: dict[str, Any], claims: list[dict[str, Any]]) -> Cluster:
