@@ -58,6 +58,9 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                     if round_.deferred and outcome.failure is None:
                         wait = min(wait, max(round_.retry_in_s, SETTLE_S))
                         held_back = True
+                    elif outcome.failure is None and (paced_s := round_.paced_s()) > 0:
+                        # it just planned: the next plan is paced, so is the next round
+                        wait, held_back, again = paced_s, True, False
                     if outcome.failure is not None:
                         report_failure(state, name, body, outcome, tell=outcome.failure != reported)
                     reported = outcome.failure

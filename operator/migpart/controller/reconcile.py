@@ -125,14 +125,19 @@ class PolicyRound:
                 return False
         else:
             self.state.first_pending.pop(self.name, None)
-        last = self.state.last_plans.get(self.name)
-        if last is None:
-            return True
-        pace_s = PACE_FACTOR * max(1, len(self.state.first_pending)) * last.cost_s
-        if now - last.at < pace_s:
-            self.retry_in_s = last.at + pace_s - now
+        paced_s = self.paced_s()
+        if paced_s > 0:
+            self.retry_in_s = paced_s
             return False
         return True
+
+    def paced_s(self) -> float:
+        """How long until pacing lets this policy plan again (0: now)."""
+        last = self.state.last_plans.get(self.name)
+        if last is None:
+            return 0.0
+        pace_s = PACE_FACTOR * max(1, len(self.state.first_pending)) * last.cost_s
+        return max(0.0, last.at + pace_s - time.monotonic())
 
     async def plan_and_apply(
         self, policy: GpuPartitionPolicy, scope: Scope
