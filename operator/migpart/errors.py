@@ -43,3 +43,12 @@ class NvmlFailure(MigpartError):
 
 class StaleSnapshot(MigpartError):
     """The state a decision was based on changed underneath it; recompute and retry."""
+
+
+class ResourceNotServed(MigpartError):
+    """The API server does not serve a resource migpart needs yet (its CRD is not installed
+    or not Established): wait and retry, it may come."""
+
+    def __init__(self, resource: str) -> None:
+        super().__init__(f"the API server does not serve {resource} (is its CRD installed?)")
+        self.resource = resource

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +21,8 @@ from typing import Any, TypeVar
 import kopf
 import pytest
 
+from migpart.agent.lease import micro_time
+from migpart.api.leases import LEASE_LABELS, LEASE_NAMESPACE, lease_name
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
 from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.metrics import Metrics
@@ -31,6 +34,9 @@ from tests.testbeds import running_testbed
 ROOT = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA H100 80GB HBM3"
 T = TypeVar("T")
+# The `operator` fixture's lease timeout: longer than any test, so that one renewal by
+# put_mignode keeps a node in service (tests of stale nodes set their own).
+LONG_LEASE_TIMEOUT_S = 3600.0
 
 
 def eventually(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.2) -> T:
@@ -125,9 +131,27 @@ def put_mignode(
     if spec is not None:
         body["spec"] = spec
     apply(bed, body)
+    renew_lease(bed, name)
     status = MigNodeStatus(observed_plan_id=observed_plan_id, gpus=gpus)
     patch_status(
         bed, "mignode", name, status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    )
+
+
+def renew_lease(bed: Testbed, node: str) -> None:
+    """Renew the node's heartbeat Lease now, as its agent would (migpart.agent.lease)."""
+    apply(
+        bed,
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": lease_name(node),
+                "namespace": LEASE_NAMESPACE,
+                "labels": dict(LEASE_LABELS),
+            },
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": micro_time()},
+        },
     )
 
 
@@ -288,9 +312,12 @@ class RunningOperator:
         return [e for e in list(self.hooks.journal) if e.node == node]
 
 
-@pytest.fixture
-def operator(cluster: Testbed) -> Iterator[RunningOperator]:
+@contextmanager
+def running_operator(cluster: Testbed, **config: Any) -> Iterator[RunningOperator]:
+    """An operator in-process on `cluster` (OperatorConfig fields in `config`), stopped
+    and cleaned up after."""
     running = RunningOperator(hooks=Hooks())
+    settings: dict[str, Any] = {"tick_s": 0.2, "slice_resync_s": 1.0, **config}
 
     def main() -> None:
         loop = asyncio.new_event_loop()
@@ -301,11 +328,7 @@ def operator(cluster: Testbed) -> Iterator[RunningOperator]:
                 kopf.operator(
                     registry=build_registry(
                         OperatorConfig(
-                            cluster.kubeconfig,
-                            Metrics(),
-                            hooks=running.hooks,
-                            tick_s=0.2,
-                            slice_resync_s=1.0,
+                            cluster.kubeconfig, Metrics(), hooks=running.hooks, **settings
                         )
                     ),
                     clusterwide=True,
@@ -340,3 +363,11 @@ def operator(cluster: Testbed) -> Iterator[RunningOperator]:
         running.shut_down()
         if running.error is not None:
             raise running.error
+
+
+@pytest.fixture
+def operator(cluster: Testbed) -> Iterator[RunningOperator]:
+    """The operator; node leases stay fresh for the whole test once written (put_mignode
+    writes one, as the agent would)."""
+    with running_operator(cluster, lease_timeout_s=LONG_LEASE_TIMEOUT_S) as running:
+        yield running

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from migpart.agent.metrics import AgentMetrics
+from migpart.api.leases import LEASE_NAMESPACE
 from migpart.commands import agent as agent_command
 from migpart.commands import operator as operator_command
 from migpart.controller.metrics import Metrics
@@ -42,6 +43,8 @@ KNOWN_KINDS = {
     ("apps/v1", "DaemonSet"),
     ("rbac.authorization.k8s.io/v1", "ClusterRole"),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
     ("resource.k8s.io/v1", "DeviceClass"),
     ("resource.k8s.io/v1", "ResourceClaim"),
@@ -58,6 +61,8 @@ INSTALLED_KINDS = {
     "ServiceAccount": 2,
     "ClusterRole": 2,
     "ClusterRoleBinding": 2,
+    "Role": 2,  # the node Leases, in kube-node-lease
+    "RoleBinding": 2,
     "Deployment": 1,
     "DaemonSet": 1,
     "Service": 1,
@@ -89,6 +94,10 @@ OPERATOR_NEEDS = {
     ("migpart.io", "mignodes", "list"),
     ("migpart.io", "mignodes", "watch"),
     ("migpart.io", "mignodes", "patch"),
+    # kube/objects.py patch_mignode_conditions (the Stale condition); kube/leases.py watch
+    ("migpart.io", "mignodes/status", "patch"),
+    ("coordination.k8s.io", "leases", "list"),
+    ("coordination.k8s.io", "leases", "watch"),
     # kopf.event (Repartitioning, DryRunPlan, DestroyAborted, RoundFailed, Unsatisfiable)
     ("", "events", "create"),
     # kopf's resource observer
@@ -104,6 +113,9 @@ AGENT_NEEDS = {
     ("migpart.io", "mignodes", "watch"),
     ("migpart.io", "mignodes/status", "patch"),  # KubeMigNodes.write_status
     ("resource.k8s.io", "resourceclaims", "get"),  # KubeClaims.allocation
+    ("coordination.k8s.io", "leases", "get"),  # NodeLease.renew
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
 }
 
 
@@ -262,7 +274,9 @@ def test_namespaced_objects_live_in_migpart_system() -> None:
         "DeviceClass",
     }
     for doc in installed():
-        if doc["kind"] not in cluster_scoped:
+        if doc["kind"] in ("Role", "RoleBinding"):  # the node Leases' namespace
+            assert doc["metadata"].get("namespace") == LEASE_NAMESPACE, doc["metadata"]["name"]
+        elif doc["kind"] not in cluster_scoped:
             assert doc["metadata"].get("namespace") == NAMESPACE, doc["metadata"]["name"]
     (namespace,) = of_kind("Namespace")
     assert namespace["metadata"]["name"] == NAMESPACE

@@ -1,6 +1,6 @@
 """Assembly of one agent: backend, checkpoint, CDI writer, kubelet plugin, MigNode store,
-metrics, loop. `serve()` is what `migpart agent` runs, and what the demo and the integration
-tests run in-process (several simulated nodes can share one process and one ApiClient).
+metrics, node lease, loop. `serve()` is what `migpart agent` runs, and what the demo and the
+integration tests run in-process (several simulated nodes can share one process and one ApiClient).
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from migpart.agent.cdi import CAPS_PROC, CdiWriter
 from migpart.agent.checkpoint import Checkpoint
 from migpart.agent.claims import KubeClaims
 from migpart.agent.kube import KubeMigNodes
+from migpart.agent.lease import NodeLease
 from migpart.agent.metrics import AgentMetrics, HealthServer
 from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
+from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
 from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 
 if TYPE_CHECKING:
@@ -40,9 +42,15 @@ class AgentConfig:
     plugin_dir: Path = KUBELET_PLUGIN_DIR
     registration_dir: Path = KUBELET_REGISTRY_DIR
     kubelet_plugin: bool = True
+    # report kubelet's plugin registration in the MigNode status (a kubelet that registers
+    # plugins runs on this node); the operator then publishes devices only once registered
+    report_registration: bool = False
     metrics_port: int = 8081
     metrics_host: str = "0.0.0.0"
     resync_s: float = 30.0
+    lease_namespace: str = LEASE_NAMESPACE
+    lease_duration_s: int = LEASE_DURATION_S
+    lease_renew_s: float = LEASE_RENEW_S
 
 
 def _caps_root(config: AgentConfig) -> Path | None:
@@ -85,6 +93,16 @@ async def serve(
     cdi = CdiWriter(config.cdi_dir, _caps_root(config))
     driver = DraDriver(config.node, nvml, KubeClaims(api), checkpoint, cdi, on_change=agent.poke)
     plugin = KubeletPlugin(driver, config.plugin_dir, config.registration_dir)
+    if config.kubelet_plugin and config.report_registration:
+        agent.registration = plugin.registration.status
+        plugin.registration.on_change = agent.poke
+    lease = NodeLease(
+        api,
+        config.node,
+        namespace=config.lease_namespace,
+        duration_s=config.lease_duration_s,
+        renew_s=config.lease_renew_s,
+    )
     health = HealthServer(metrics, config.metrics_port, config.metrics_host)
     async with contextlib.AsyncExitStack() as stack:
         if own_backend:
@@ -102,12 +120,14 @@ async def serve(
             simulated=config.simulate is not None,
             kubelet_plugin=config.kubelet_plugin,
         )
+        heartbeat = asyncio.create_task(lease.run(), name=f"lease-{config.node}")
         task = asyncio.create_task(agent.run(), name=f"agent-{config.node}")
         if started is not None:
             started.set()
         try:
             await task
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for running in (task, heartbeat):
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running

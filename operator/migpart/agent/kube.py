@@ -26,6 +26,7 @@ from migpart.api.models import (
     MigNodeSpec,
     MigNodeStatus,
 )
+from migpart.errors import ResourceNotServed
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -35,12 +36,14 @@ if TYPE_CHECKING:
 log = structlog.get_logger("migpart.agent.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
+MIGNODE_RESOURCE = f"{MIGNODE_PLURAL}.{GROUP}/{VERSION}"
 WATCH_TIMEOUT_S = 300
 
 
 class MigNodeStore(Protocol):
     async def ensure(self) -> MigNodeSpec | None:
-        """Create the node's MigNode if missing; return its current spec."""
+        """Create the node's MigNode if missing; return its current spec. Raises
+        `ResourceNotServed` while the MigNode CRD is not served."""
         ...
 
     def specs(self) -> AsyncIterator[MigNodeSpec | None]:
@@ -103,6 +106,10 @@ class KubeMigNodes:
             )
             log.info("mignode_created", node=self.node)
         except ApiException as err:
+            # A create answered 404 means the collection itself is missing: the GET's 404
+            # could have been the object's, this one cannot.
+            if err.status == 404:
+                raise ResourceNotServed(MIGNODE_RESOURCE) from err
             if err.status != 409:  # created by someone else meanwhile: fine
                 raise
             obj = await self._objects.get_cluster_custom_object(

@@ -32,6 +32,7 @@ from migpart.agent.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
+from migpart.api.models import KubeletPluginStatus
 from migpart.dra import DRIVER, DeviceId, ours
 from migpart.errors import MigpartError
 
@@ -196,12 +197,23 @@ V1beta1Servicer = _make_servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPlugin
 
 
 class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
-    """Tells kubelet who we are and where the DRA service listens."""
+    """Tells kubelet who we are and where the DRA service listens, and keeps what kubelet
+    answered (`NotifyRegistrationStatus`): the agent reports it in its MigNode status, and the
+    operator publishes the node's devices only while the plugin is registered."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.registered: bool | None = None
         self.error = ""
+        self.on_change: Callable[[], None] | None = None  # the agent reports the new status
+
+    def status(self) -> KubeletPluginStatus:
+        """What the MigNode status says: not registered until kubelet says it is."""
+        if self.registered is None:
+            return KubeletPluginStatus(
+                registered=False, message="waiting for kubelet to register the plugin"
+            )
+        return KubeletPluginStatus(registered=self.registered, message=self.error[:1024])
 
     async def GetInfo(self, request: Any, context: Any) -> Any:
         return pluginregistration_v1_pb2.PluginInfo(
@@ -215,6 +227,8 @@ class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
         self.registered = bool(request.plugin_registered)
         self.error = str(request.error)
         log.info("plugin_registration_notified", registered=self.registered, error=self.error)
+        if self.on_change is not None:
+            self.on_change()
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
 

@@ -20,16 +20,20 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.agent.reconciler import reconcile_once
 from migpart.dra import now_iso
-from migpart.errors import GpuBusy, NvmlFailure
+from migpart.errors import GpuBusy, NvmlFailure, ResourceNotServed
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from migpart.agent.backend import NvmlBackend
     from migpart.agent.checkpoint import Checkpoint
     from migpart.agent.kube import MigNodeStore
     from migpart.agent.metrics import AgentMetrics
-    from migpart.api.models import MigNodeSpec, MigNodeStatus
+    from migpart.api.models import KubeletPluginStatus, MigNodeSpec, MigNodeStatus
 
 log = structlog.get_logger("migpart.agent")
+
+MAX_BACKOFF_S = 30.0
 
 
 class Agent:
@@ -45,6 +49,7 @@ class Agent:
         *,
         resync_s: float = 30.0,
         backoff_s: float = 1.0,
+        registration: Callable[[], KubeletPluginStatus | None] | None = None,
     ) -> None:
         self.node = node
         self.backend = backend
@@ -56,6 +61,9 @@ class Agent:
         self.trigger = asyncio.Event()
         self.spec: MigNodeSpec | None = None
         self.status: MigNodeStatus | None = None
+        # what kubelet said about the plugin's registration, reported in the status (None:
+        # not reported, the agent runs without a kubelet that registers it)
+        self.registration = registration
 
     def poke(self) -> None:
         """Ask for a reconcile pass soon (e.g. after a claim was prepared)."""
@@ -75,23 +83,56 @@ class Agent:
         )
         for op in result.ops:
             self.metrics.operations.labels(self.node, op.kind).inc()
-        if result.status != self.status:
-            await self.store.write_status(result.status)
+        status = result.status
+        if self.registration is not None:
+            status = status.model_copy(update={"kubelet_plugin": self.registration()})
+        if status != self.status:
+            await self.store.write_status(status)
             log.info(
                 "mignode_status_written",
                 node=self.node,
                 converged=result.converged,
-                plan_id=result.status.observed_plan_id,
+                plan_id=status.observed_plan_id,
                 ops=len(result.ops),
             )
-        self.status = result.status
+        self.status = status
         self.metrics.reconcile_seconds.labels(self.node).observe(time.monotonic() - started)
-        self.metrics.observe_status(result.status)
+        self.metrics.observe_status(status)
         self.metrics.ready = True
+
+    async def ensure(self) -> MigNodeSpec | None:
+        """The MigNode's spec once it exists. Until the API server serves MigNodes (the agent
+        started before its CRD), or answers at all, retry with back-off; a missing CRD is told
+        in one log line per outage, not one per attempt. Readiness stays false meanwhile: it
+        comes with the first status written."""
+        backoff = self.backoff_s
+        missing: str | None = None
+        while True:
+            try:
+                spec = await self.store.ensure()
+            except ResourceNotServed as err:
+                if missing is None:
+                    log.warning(
+                        "resource_not_served",
+                        node=self.node,
+                        resource=err.resource,
+                        retry=f"with back-off up to {MAX_BACKOFF_S:g} s",
+                    )
+                missing = err.resource
+            except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+                log.warning(
+                    "mignode_ensure_failed", node=self.node, error=str(err), retry_s=backoff
+                )
+            else:
+                if missing is not None:
+                    log.info("resource_served", node=self.node, resource=missing)
+                return spec
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def run(self) -> None:
         """Run until cancelled."""
-        self.spec = await self.store.ensure()
+        self.spec = await self.ensure()
         follower = asyncio.create_task(self._follow_specs(), name=f"mignode-watch-{self.node}")
         backoff = self.backoff_s
         try:
@@ -105,7 +146,7 @@ class Agent:
                     self.metrics.nvml_error(getattr(err, "code", None))
                     log.warning("reconcile_failed", node=self.node, error=str(err))
                     delay, backoff = backoff, min(backoff * 2, 60.0)
-                except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+                except (TimeoutError, ApiException, aiohttp.ClientError, ResourceNotServed) as err:
                     self.metrics.status_write_failed()
                     log.warning("status_write_failed", node=self.node, error=str(err))
                     delay, backoff = backoff, min(backoff * 2, 60.0)

@@ -15,6 +15,7 @@ from migpart.api.models import (
     GpuSpec,
     GpuStatus,
     InstanceStateName,
+    KubeletPluginStatus,
     LabelSelector,
     LabelSelectorRequirement,
     LastPlan,
@@ -29,6 +30,7 @@ from migpart.api.models import (
     ProfileInfo,
     Reconfiguration,
     SpareSpec,
+    UnavailableNode,
     condition_status,
 )
 
@@ -47,6 +49,7 @@ __all__ = [
     "GpuSpec",
     "GpuStatus",
     "InstanceStateName",
+    "KubeletPluginStatus",
     "LabelSelector",
     "LabelSelectorRequirement",
     "LastPlan",
@@ -61,5 +64,6 @@ __all__ = [
     "ProfileInfo",
     "Reconfiguration",
     "SpareSpec",
+    "UnavailableNode",
     "condition_status",
 ]

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 Schema = dict[str, Any]
 
 _READY = '.status.conditions[?(@.type=="Ready")].status'
+_STALE = '.status.conditions[?(@.type=="Stale")].status'
 _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 # Keywords an apiextensions.k8s.io/v1 JSONSchemaProps accepts and that we pass through.
@@ -252,6 +253,7 @@ def mignode_crd() -> dict[str, Any]:
             {"name": "Free", "type": "integer", "jsonPath": ".status.summary.free"},
             {"name": "Synced", "type": "boolean", "jsonPath": ".status.summary.synced"},
             {"name": "Ready", "type": "string", "jsonPath": _READY},
+            {"name": "Stale", "type": "string", "jsonPath": _STALE, "priority": 1},
             _AGE,
         ],
     )

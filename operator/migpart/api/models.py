@@ -214,8 +214,19 @@ class MigNodeSummary(_Model):
     synced: bool = False
 
 
+class KubeletPluginStatus(_Model):
+    """Whether kubelet registered the agent's DRA plugin (its `NotifyRegistrationStatus`
+    call). Reported only by agents started with `--report-registration`; the operator
+    publishes a node's devices only while this is absent or `registered` is true."""
+
+    registered: bool
+    message: Annotated[str, StringConstraints(max_length=1024)] = ""
+
+
 class MigNodeStatus(_Model):
-    """Actual layout and inventory; written by the agent only."""
+    """Actual layout and inventory; written by the agent (the operator adds only the `Stale`
+    condition while the agent's lease has expired, as the node lifecycle controller does for a
+    Node whose kubelet stopped)."""
 
     observed_plan_id: Annotated[str, StringConstraints(max_length=128)] | None = None
     """The spec.planId whose layout the agent last carried out."""
@@ -223,6 +234,8 @@ class MigNodeStatus(_Model):
     conditions: Annotated[list[Condition], _map_list("type")] = []
     summary: MigNodeSummary | None = None
     """Counts for the printer columns of `kubectl get mignodes`."""
+    kubelet_plugin: KubeletPluginStatus | None = None
+    """Whether kubelet registered the DRA plugin (absent: the agent does not report it)."""
 
     def summarized(self, plan_id: str | None) -> MigNodeStatus:
         """This status with `summary` recomputed against the spec's `plan_id`."""
@@ -429,6 +442,17 @@ class LastPlan(_Model):
     destroyed: NonNegative
 
 
+MAX_LISTED_NODES = 64
+UnavailableReason = Literal["LeaseExpired", "PluginNotRegistered"]
+
+
+class UnavailableNode(_Model):
+    """A node the operator does not plan on or publish devices for, and why."""
+
+    name: Annotated[str, StringConstraints(max_length=253)]
+    reason: UnavailableReason
+
+
 class GpuPartitionPolicyStatus(_Model):
     """What the policy currently covers and what the operator last did; operator-written."""
 
@@ -440,6 +464,8 @@ class GpuPartitionPolicyStatus(_Model):
     pending_requests: NonNegative = 0
     """Claims under this policy that no plan could satisfy yet."""
     last_plan: LastPlan | None = None
+    unavailable_nodes: Annotated[list[UnavailableNode], Field(max_length=MAX_LISTED_NODES)] = []
+    """Nodes of this policy left out of planning (first MAX_LISTED_NODES by name)."""
     conditions: Annotated[list[Condition], _map_list("type")] = []
 
 

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client import ApiClient
 from migpart import logs
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.simulator import parse_simulate
+from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
 from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 from migpart.kube.client import load_configuration
 
@@ -71,6 +72,30 @@ def parser() -> argparse.ArgumentParser:
         help="do not serve the DRA kubelet plugin (no kubelet on this node)",
     )
     p.add_argument(
+        "--report-registration",
+        action="store_true",
+        help="report in the MigNode status whether kubelet registered the DRA plugin; the "
+        "operator then publishes this node's devices only while it is registered (set it where "
+        "a kubelet runs: the DaemonSet does)",
+    )
+    p.add_argument(
+        "--lease-namespace",
+        default=LEASE_NAMESPACE,
+        help="namespace of the node's heartbeat Lease migpart-<node>",
+    )
+    p.add_argument(
+        "--lease-duration-seconds",
+        type=int,
+        default=LEASE_DURATION_S,
+        help="the Lease's leaseDurationSeconds",
+    )
+    p.add_argument(
+        "--lease-renew-seconds",
+        type=float,
+        default=LEASE_RENEW_S,
+        help="how often the Lease is renewed",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=8081,
@@ -89,6 +114,8 @@ def parser() -> argparse.ArgumentParser:
 def config_from(args: argparse.Namespace) -> AgentConfig:
     if not args.node_name:
         raise ValueError("--node-name (or $NODE_NAME) is required")
+    if args.lease_duration_seconds < 1 or not args.lease_renew_seconds > 0:
+        raise ValueError("--lease-duration-seconds must be >= 1 and --lease-renew-seconds > 0")
     simulate = None
     if args.simulate:
         simulate = [m for text in args.simulate for m in parse_simulate(text)]
@@ -101,6 +128,10 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
         plugin_dir=args.plugin_dir,
         registration_dir=args.registration_dir,
         kubelet_plugin=not args.no_kubelet_plugin,
+        report_registration=args.report_registration,
+        lease_namespace=args.lease_namespace,
+        lease_duration_s=args.lease_duration_seconds,
+        lease_renew_s=args.lease_renew_seconds,
         metrics_port=args.metrics_port,
         resync_s=args.resync_seconds,
     )

@@ -16,6 +16,7 @@ import kopf
 import structlog
 
 from migpart import logs
+from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
 from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.health import serve
 from migpart.controller.metrics import Metrics
@@ -64,7 +65,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="destroy protocol: wait this long after withdrawing devices from a slice before "
         "confirming that no claim holds them (covers kube-scheduler cycles still in flight)",
     )
+    p.add_argument(
+        "--lease-namespace",
+        default=LEASE_NAMESPACE,
+        help="namespace of the agents' heartbeat Leases (migpart-<node>)",
+    )
+    p.add_argument(
+        "--lease-timeout-seconds",
+        type=_positive_seconds,
+        default=float(LEASE_DURATION_S),
+        help="a node whose agent Lease was not renewed for this long is unavailable: nothing is "
+        "planned there, its maxConcurrentNodes slot is free and its slice lists no device",
+    )
     return p.parse_args(argv)
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds > 0")
+    return value
 
 
 class _Memo(kopf.Memo):
@@ -74,15 +94,19 @@ class _Memo(kopf.Memo):
 async def run(args: argparse.Namespace) -> None:
     metrics = Metrics()
     ready = asyncio.Event()
+    served = asyncio.Event()  # migpart's CRDs are served (handlers.startup waits for them)
     runner = None
     if args.metrics_port:
-        runner = await serve(args.metrics_port, metrics.registry, ready)
+        runner = await serve(args.metrics_port, metrics.registry, ready, served=served)
     memo = _Memo()
     config = OperatorConfig(
         kubeconfig=args.kubeconfig,
         metrics=metrics,
         tick_s=args.tick_seconds,
         withdraw_grace_s=args.withdraw_grace_seconds,
+        lease_namespace=args.lease_namespace,
+        lease_timeout_s=args.lease_timeout_seconds,
+        served=served,
     )
     try:
         await kopf.operator(

@@ -17,13 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 import kopf
 import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
+from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
+from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, condition_status
 from migpart.controller.errors import kopf_errors
+from migpart.controller.health import NodeHealth, await_crds
 from migpart.controller.indexes import INDEX_IDS, INDEXES, RESOURCE, state_of
 from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
@@ -32,6 +35,8 @@ from migpart.controller.scope import parse_policy
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.errors import MigpartError
 from migpart.kube.client import open_client
+from migpart.kube.leases import STALE, stale_conditions, watch_leases
+from migpart.kube.objects import patch_mignode_conditions
 from migpart.kube.slices import SLICE_LABELS, Published, SlicePublisher
 
 log = structlog.get_logger(__name__)
@@ -52,6 +57,11 @@ class OperatorConfig:
     tick_s: float = 1.0
     slice_resync_s: float = SLICE_RESYNC_S
     withdraw_grace_s: float = 1.0
+    # the agents' Leases: where they are, and how long unrenewed makes a node unavailable
+    lease_namespace: str = LEASE_NAMESPACE
+    lease_timeout_s: float = float(LEASE_DURATION_S)
+    # set once the API server serves migpart's CRDs (`/readyz` waits for it)
+    served: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -80,7 +90,8 @@ async def startup(
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     api, credentials = await open_client(config.kubeconfig)
-    publisher = SlicePublisher(api)
+    health = NodeHealth(timeout_s=config.lease_timeout_s)
+    publisher = SlicePublisher(api, gate=health.reason)
     state = OperatorState(
         api=api,
         credentials=credentials,
@@ -89,6 +100,7 @@ async def startup(
         hooks=config.hooks,
         tick_s=config.tick_s,
         withdraw_grace_s=config.withdraw_grace_s,
+        health=health,
     )
     memo.state = state
 
@@ -104,7 +116,17 @@ async def startup(
     state.resync = asyncio.create_task(
         resync_slices(publisher, config.slice_resync_s), name="slice-resync"
     )
-    log.info("operator_started", server=credentials.server)
+    state.tasks = [
+        asyncio.create_task(await_crds(api, config.served), name="await-crds"),
+        asyncio.create_task(watch_leases(api, config.lease_namespace, health), name="leases"),
+        asyncio.create_task(follow_node_health(state), name="node-health"),
+    ]
+    log.info(
+        "operator_started",
+        server=credentials.server,
+        lease_namespace=config.lease_namespace,
+        lease_timeout_s=config.lease_timeout_s,
+    )
 
 
 def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
@@ -123,10 +145,10 @@ async def cleanup(memo: Any, **_: Any) -> None:
     state = getattr(memo, "state", None)
     if state is not None:
         await state.workers.close()  # each loop finishes its round (10 s at most)
-        if state.resync is not None:
-            state.resync.cancel()
+        for task in [*state.tasks, *([state.resync] if state.resync is not None else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await state.resync
+                await task
         await state.api.close()
     log.info("operator_stopped")
 
@@ -150,19 +172,95 @@ async def resync_slices(publisher: SlicePublisher, period_s: float = SLICE_RESYN
                 log.exception("slice_resync_crashed", node=name)
 
 
+async def follow_node_health(state: OperatorState) -> None:
+    """Every tick, find the nodes whose availability changed (`NodeHealth.check`) and act on
+    it: wake the planners (the node leaves or rejoins every scope), publish its slice (empty
+    while unavailable) and set its MigNode's `Stale` condition. A failed write is tried again
+    on the next tick."""
+    swept = False
+    while True:
+        await asyncio.sleep(state.tick_s)
+        try:
+            swept = await _node_health_tick(state, swept)
+        except Exception:  # a bug must not end node health for every node
+            log.exception("node_health_crashed")
+
+
+async def _node_health_tick(state: OperatorState, swept: bool) -> bool:
+    """One check of `follow_node_health`; returns whether the startup sweep is done."""
+    health = state.health
+    if health.synced and not swept:
+        # a Stale condition left by an earlier operator on a node that is fine now
+        swept = True
+        for node in state.publisher.nodes():
+            mignode = state.publisher.node(node)
+            conditions = mignode.status.conditions if mignode and mignode.status else []
+            if condition_status(conditions, STALE) == "True":
+                state.stale_marks[node] = False
+    changed = health.check()
+    for node in changed:
+        reason = health.reason(node)
+        if reason is None:
+            log.info("node_available", node=node)
+        else:
+            log.warning("node_unavailable", node=node, reason=reason, why=health.describe(node))
+        if reason == "LeaseExpired":
+            state.stale_marks[node] = True
+        elif node in state.stale_marks or reason is None:
+            state.stale_marks[node] = False
+    if changed:
+        state.wake_all()
+    for node in changed:
+        try:
+            await state.publisher.publish(node)
+        except (MigpartError, ApiException, aiohttp.ClientError, TimeoutError) as error:
+            log.warning("slice_publish_failed", node=node, error=str(error))
+    await mark_stale(state)
+    return swept
+
+
+async def mark_stale(state: OperatorState) -> None:
+    """Write the `Stale` condition of the MigNodes in `state.stale_marks`."""
+    for node, stale in list(state.stale_marks.items()):
+        mignode = state.publisher.node(node)
+        if mignode is None:
+            state.stale_marks.pop(node, None)
+            continue
+        conditions = stale_conditions(
+            list(mignode.status.conditions) if mignode.status else [],
+            stale,
+            state.health.describe(node) if stale else "the agent renews its Lease again",
+        )
+        if conditions is not None:
+            version = str(mignode.metadata.get("resourceVersion") or "")
+            try:
+                await patch_mignode_conditions(state.api, node, version, conditions)
+            except (ApiException, aiohttp.ClientError, TimeoutError) as error:
+                # 409: the agent wrote meanwhile; the next tick reads its status again
+                log.info("stale_condition_deferred", node=node, error=str(error)[:200])
+                continue
+        state.stale_marks.pop(node, None)
+
+
 async def mignode_changed(
     type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
     """Publish the node's slice from its MigNode (parsed once per resourceVersion, shared with
-    the planning rounds)."""
+    the planning rounds), and tell node health what the agent says about kubelet's plugin
+    registration."""
     state = state_of(memo)
     if type == "DELETED":
         state.publisher.forget(name)
+        state.health.forget(name)
+        state.stale_marks.pop(name, None)
         return
     view = state.scopes.node(name, body)
     if view is None:
         return  # logged by the cache
     state.publisher.observe(view.node)
+    status = view.node.status
+    if state.health.mignode(name, status.kubelet_plugin if status else None):
+        log.info("node_registration_changed", node=name, reason=state.health.reason(name))
     with kopf_errors():
         await state.publisher.publish(name)
 

@@ -1,20 +1,51 @@
-"""`/metrics`, `/healthz` and `/readyz` on one port (aiohttp, which kopf already brings).
+"""The operator's health and its nodes' health.
 
-`/healthz` answers while the process runs; `/readyz` once kopf has started its watches.
+- `/metrics`, `/healthz` and `/readyz` on one port (aiohttp, which kopf already brings).
+  `/healthz` answers while the process runs; `/readyz` once kopf has started its watches and
+  the API server serves migpart's CRDs (`await_crds`).
+- `NodeHealth`: which nodes are unavailable (agent Lease expired, or kubelet plugin not
+  registered), fed by the Lease watch (`kube.leases`) and the MigNode events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
+import aiohttp
+import structlog
 from aiohttp import web
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from migpart.api.leases import LEASE_DURATION_S
+from migpart.api.models import (
+    GROUP,
+    MIGNODE_PLURAL,
+    POLICY_PLURAL,
+    VERSION,
+    KubeletPluginStatus,
+    UnavailableReason,
+)
+from migpart.kube.client import missing_resources
+
+log = structlog.get_logger(__name__)
+
+MAX_BACKOFF_S = 30.0
 
 
 async def serve(
-    port: int, registry: CollectorRegistry, ready: asyncio.Event, host: str = "0.0.0.0"
+    port: int,
+    registry: CollectorRegistry,
+    ready: asyncio.Event,
+    host: str = "0.0.0.0",
+    served: asyncio.Event | None = None,
 ) -> web.AppRunner:
-    """Start serving; the caller cleans the returned runner up."""
+    """Start serving; the caller cleans the returned runner up. Ready once `ready` (kopf's
+    watches) and `served` (the CRDs, when given) are both set."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)
@@ -24,6 +55,8 @@ async def serve(
         return web.Response(text="ok")
 
     async def readyz(_: web.Request) -> web.Response:
+        if served is not None and not served.is_set():
+            return web.Response(status=503, text="waiting for migpart's CRDs to be served")
         if ready.is_set():
             return web.Response(text="ok")
         return web.Response(status=503, text="starting")
@@ -36,3 +69,173 @@ async def serve(
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+async def await_crds(api: ApiClient, served: asyncio.Event) -> None:
+    """Set `served` once the API server serves MigNodes and GpuPartitionPolicies. Until then
+    retry with back-off, telling each missing resource in one log line (not one per attempt).
+    kopf itself starts watching a CRD's resource when the CRD appears; this only makes the
+    wait visible and keeps `/readyz` false meanwhile."""
+    backoff = 0.5
+    told: list[str] = []
+    while True:
+        try:
+            missing = await missing_resources(api, GROUP, VERSION, (MIGNODE_PLURAL, POLICY_PLURAL))
+        except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+            missing = told or [f"{p}.{GROUP}/{VERSION}" for p in (MIGNODE_PLURAL, POLICY_PLURAL)]
+            log.warning("crd_check_failed", error=str(err).splitlines()[0] if str(err) else "")
+        if not missing:
+            if told:
+                log.info("resources_served", resources=told)
+            served.set()
+            return
+        if missing != told:
+            log.warning(
+                "resource_not_served",
+                resources=missing,
+                retry=f"with back-off up to {MAX_BACKOFF_S:g} s",
+            )
+            told = missing
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+@dataclass
+class NodeHealth:
+    """Which nodes the operator leaves alone, and why: the agent's Lease has not been seen
+    renewed for `timeout_s` (`LeaseExpired`), or the agent reports that kubelet has not
+    registered its plugin (`PluginNotRegistered`). Such a node is left out of every policy's
+    scope (nothing planned there, its `maxConcurrentNodes` slot free) and its slice lists no
+    device.
+
+    Freshness is judged by when *this operator* saw a Lease's renewTime change (its own
+    monotonic clock), not by the renewTime itself: clocks of nodes and operator may differ, as
+    the node lifecycle controller also assumes. Until the Lease watch has listed once nothing is
+    stale, and a node is given `timeout_s` from that first list (or from when it was last seen
+    renewed, if later): a restarted operator takes no node out of service for a Lease it merely
+    has not seen yet. A node that has no Lease at all is not judged by one: its agent predates
+    Leases (during an upgrade, old agents run next to a new operator until the DaemonSet has
+    rolled, and their nodes must not lose their devices meanwhile).
+
+    `check()` (every tick) recomputes lease staleness for the known MigNodes and returns what
+    changed; `reason()` answers from the last check, so a planning round and the slice
+    publisher read a dict, never a clock per node.
+    """
+
+    timeout_s: float = float(LEASE_DURATION_S)
+    clock: Callable[[], float] = time.monotonic
+    # node -> (renewTime last seen, monotonic time it was seen to change)
+    _renewals: dict[str, tuple[str, float]] = field(default_factory=dict)
+    _synced_at: float | None = None
+    # the Lease watch broke and has not listed again: renewals are not seen, so nothing may be
+    # judged stale (an operator cut off from the API server must not empty every slice)
+    _blind: bool = False
+    _nodes: set[str] = field(default_factory=set)
+    # node -> kubelet's refusal or "waiting", while the agent reports it not registered
+    _unregistered: dict[str, str] = field(default_factory=dict)
+    _unavailable: dict[str, UnavailableReason] = field(default_factory=dict)
+
+    # ------------------------------------------------------------ the Lease watch (LeaseSink)
+
+    def leases_listed(self, renewals: Mapping[str, str]) -> None:
+        now = self.clock()
+        for gone in set(self._renewals) - set(renewals):
+            del self._renewals[gone]
+        for node, renew in renewals.items():
+            self._renewed(node, renew, now)
+        if self._synced_at is None or self._blind:
+            self._synced_at = now  # every Lease gets a full timeout from here
+            self._blind = False
+
+    def lease_watch_broken(self) -> None:
+        self._blind = True
+
+    def lease_renewed(self, node: str, renew_time: str) -> None:
+        self._renewed(node, renew_time, self.clock())
+
+    def lease_deleted(self, node: str) -> None:
+        self._renewals.pop(node, None)
+
+    def _renewed(self, node: str, renew_time: str, now: float) -> None:
+        known = self._renewals.get(node)
+        if known is None or known[0] != renew_time:
+            self._renewals[node] = (renew_time, now)
+
+    # ------------------------------------------------------------ MigNodes
+
+    def mignode(self, name: str, plugin: KubeletPluginStatus | None) -> bool:
+        """A MigNode event; returns whether the node's availability changed (a registration
+        change takes effect at once, not at the next check)."""
+        self._nodes.add(name)
+        if plugin is not None and not plugin.registered:
+            self._unregistered[name] = plugin.message
+        else:
+            self._unregistered.pop(name, None)
+        return self._update(name)
+
+    def forget(self, name: str) -> None:
+        self._nodes.discard(name)
+        self._unregistered.pop(name, None)
+        self._unavailable.pop(name, None)
+
+    # ------------------------------------------------------------ verdicts
+
+    @property
+    def synced(self) -> bool:
+        """Whether the Lease watch has listed once (before that, no node is stale)."""
+        return self._synced_at is not None
+
+    def silent_s(self, node: str) -> float | None:
+        """Seconds since this node's Lease was last seen renewed (None before the first list,
+        and for a node without a Lease)."""
+        renewal = self._renewals.get(node)
+        if self._synced_at is None or renewal is None:
+            return None
+        return self.clock() - max(renewal[1], self._synced_at)
+
+    def _reason(self, node: str) -> UnavailableReason | None:
+        silent = self.silent_s(node)
+        if silent is not None and silent > self.timeout_s:
+            return "LeaseExpired"
+        if node in self._unregistered:
+            return "PluginNotRegistered"
+        return None
+
+    def _update(self, node: str) -> bool:
+        reason = self._reason(node)
+        if reason == self._unavailable.get(node):
+            return False
+        if reason is None:
+            del self._unavailable[node]
+        else:
+            self._unavailable[node] = reason
+        return True
+
+    def check(self) -> list[str]:
+        """Recompute every known node; returns the nodes whose availability changed. While
+        the Lease watch is broken nothing changes."""
+        if self._blind:
+            return []
+        return [node for node in sorted(self._nodes) if self._update(node)]
+
+    def reason(self, node: str) -> UnavailableReason | None:
+        """Why `node` is unavailable as of the last check (None: it is available)."""
+        return self._unavailable.get(node)
+
+    def unavailable(self) -> Mapping[str, UnavailableReason]:
+        """Every unavailable node with its reason, as of the last check (a live view)."""
+        return self._unavailable
+
+    def describe(self, node: str) -> str:
+        """A sentence for conditions and logs."""
+        reason = self.reason(node)
+        if reason == "LeaseExpired":
+            silent = self.silent_s(node) or 0.0
+            return (
+                f"the agent's Lease was not renewed for {silent:.0f} s "
+                f"(timeout {self.timeout_s:g} s): agent down or cut off from the API server"
+            )
+        if reason == "PluginNotRegistered":
+            why = self._unregistered.get(node) or "no reason given"
+            return f"kubelet has not registered the DRA plugin: {why}"
+        return "available"

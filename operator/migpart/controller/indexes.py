@@ -9,6 +9,7 @@ operator wrote that the watch has not shown yet.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -154,12 +155,4 @@ def with_own_writes(cluster: Cluster, written: dict[str, dict[str, Any]]) -> Clu
             written.pop(name)
         else:
             mignodes[name] = body
-    return Cluster(
-        mignodes=mignodes,
-        node_labels=cluster.node_labels,
-        policies=cluster.policies,
-        claims=cluster.claims,
-        waiting=cluster.waiting,
-        device_classes=cluster.device_classes,
-        node_facts=cluster.node_facts,
-    )
+    return replace(cluster, mignodes=mignodes)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -46,7 +47,9 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
             held_back = False
             if again or seen != state.changes or time.monotonic() - last_round > FULL_ROUND_S:
                 seen, last_round = state.changes, time.monotonic()
-                cluster = cluster_from(state.indexes)
+                # nodes the operator leaves alone (lease expired, plugin not registered)
+                unavailable = dict(state.health.unavailable())
+                cluster = replace(cluster_from(state.indexes), unavailable=unavailable)
                 body = cluster.policies.get(name)
                 again = False
                 # an invalid policy is reported by policy_changed: wait for the next change

@@ -59,6 +59,8 @@ class Cluster:
     device_classes: Mapping[str, Body]
     # Node name -> labels and taints
     node_facts: Mapping[str, NodeFacts] = field(default_factory=dict)
+    # MigNode name -> why the operator leaves it alone (controller.health.NodeHealth)
+    unavailable: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class Scope:
     # the profile table of every GPU model on the policy's nodes
     tables: Mapping[str, ModelTable] = field(default_factory=dict)
     gpus: int = 0
+    # (name, reason) of the policy's nodes left out of `nodes` as unavailable, by name
+    unavailable: tuple[tuple[str, str], ...] = ()
 
 
 def strip(
@@ -188,6 +192,8 @@ class ScopeCache:
         self._owners_key: tuple[tuple[str, str, str], ...] = ()
         self._world = _World()
         self._policy_nodes: dict[str, _PolicyNodes] = {}
+        # policy -> its unavailable nodes with their reasons (Cluster.unavailable)
+        self._unavailable: dict[str, list[tuple[str, str]]] = {}
         self._order: list[str] = []
         self._prepared: frozenset[str] = frozenset()
         self._filter = NodeFilter({})
@@ -274,6 +280,7 @@ class ScopeCache:
         world_nodes: dict[str, _WorldNode] = {}
         views: list[NodeView] = []
         by_policy: dict[str, list[NodeView]] = {}
+        self._unavailable = {}
         for name in sorted(cluster.mignodes):
             body = cluster.mignodes[name]
             view = self.node(name, body)
@@ -285,6 +292,10 @@ class ScopeCache:
             views.append(view)
             owner = self._owner(name, labels, policies, order, policy_key)
             if owner is None:
+                continue
+            reason = cluster.unavailable.get(name)
+            if reason is not None:  # out of the world: no claim is planned there
+                self._unavailable.setdefault(owner, []).append((name, reason))
                 continue
             by_policy.setdefault(owner, []).append(view)
             tables = tuple(view.tables.items())
@@ -458,6 +469,7 @@ class ScopeCache:
             demand=PolicyDemand(tuple(requests), tuple(unsatisfiable), pending),
             tables=everywhere.tables if everywhere is not None else {},
             gpus=sum(v.gpus for v in views),
+            unavailable=tuple(self._unavailable.get(policy_name, ())),
         )
 
 

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from migpart.api.models import MigNode
 from migpart.controller.effects import Effects, KubeEffects
+from migpart.controller.health import NodeHealth
 from migpart.controller.metrics import Metrics
 from migpart.controller.scope import ScopeCache
 from migpart.controller.workers import Workers
@@ -123,6 +124,12 @@ class OperatorState:
     indexes: Mapping[str, Any] | None = None
     # the task that republishes every slice periodically (handlers.resync_slices)
     resync: asyncio.Task[None] | None = None
+    # which nodes are unavailable (agent Lease expired, plugin not registered), and the
+    # operator's own tasks besides the resync: Lease watch, health checks, CRD wait
+    health: NodeHealth = field(default_factory=NodeHealth)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # node -> the Stale condition its MigNode must still get (True) or lose (False)
+    stale_marks: dict[str, bool] = field(default_factory=dict)
     # what rounds do to the world; by default the API server (tests pass InMemoryEffects)
     effects: Effects = None  # type: ignore[assignment]
 

@@ -7,7 +7,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from migpart.api.models import Condition, GpuPartitionPolicyStatus, LastPlan
+from migpart.api.models import (
+    MAX_LISTED_NODES,
+    Condition,
+    GpuPartitionPolicyStatus,
+    LastPlan,
+    UnavailableNode,
+)
 from migpart.controller.scope import Scope, uid_of
 from migpart.dra import now_iso
 
@@ -54,7 +60,14 @@ def round_status(
 ) -> GpuPartitionPolicyStatus:
     """The status after a round over `scope` (which planned `last_plan`, if any)."""
     previous = previous_status(body, written)
-    if not scope.nodes:
+    if not scope.nodes and scope.unavailable:
+        ready = ready_condition(
+            "False",
+            "NodesUnavailable",
+            f"all {len(scope.unavailable)} node(s) unavailable (see unavailableNodes)",
+            previous.conditions,
+        )
+    elif not scope.nodes:
         ready = ready_condition(
             "False", "NoNodes", "the node selector matches no MigNode", previous.conditions
         )
@@ -69,10 +82,14 @@ def round_status(
         ready = ready_condition("True", "Reconciled", "", previous.conditions)
     return GpuPartitionPolicyStatus(
         observed_generation=_generation(body),
-        nodes=len(scope.nodes),
+        nodes=len(scope.nodes) + len(scope.unavailable),
         gpus=scope.gpus,
         pending_requests=scope.demand.pending,
         last_plan=last_plan or previous.last_plan,
+        unavailable_nodes=[
+            UnavailableNode.model_validate({"name": name, "reason": reason})
+            for name, reason in scope.unavailable[:MAX_LISTED_NODES]
+        ],
         conditions=[ready, *(c for c in previous.conditions if c.type != "Ready")],
     )
 

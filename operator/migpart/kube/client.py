@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes_asyncio import config
-from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +55,19 @@ def credentials(cfg: Configuration) -> Credentials:
 async def open_client(kubeconfig: Path | None) -> tuple[ApiClient, Credentials]:
     cfg = await load_configuration(kubeconfig)
     return ApiClient(cfg), credentials(cfg)
+
+
+async def missing_resources(
+    api: ApiClient, group: str, version: str, plurals: tuple[str, ...]
+) -> list[str]:
+    """Which of `plurals` in `group/version` the API server does not serve (yet), as
+    `plural.group/version`. A CRD's resource is served once the CRD is Established."""
+    try:
+        found = await CustomObjectsApi(api).get_api_resources(group, version)
+    except ApiException as err:
+        if err.status != 404:  # 404: not one resource of the group version is served
+            raise
+        served: set[str] = set()
+    else:
+        served = {r.name for r in found.resources}
+    return [f"{p}.{group}/{version}" for p in plurals if p not in served]

@@ -1,5 +1,5 @@
-"""Writes to migpart's own objects: MigNode.spec (merge patch) and the policy status
-(status subresource). The operator owns exactly these fields."""
+"""Writes to migpart's own objects: MigNode.spec (merge patch), the policy status (status
+subresource) and a MigNode's `Stale` condition. The operator owns exactly these fields."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from migpart.api.models import (
     MIGNODE_PLURAL,
     POLICY_PLURAL,
     VERSION,
+    Condition,
     GpuPartitionPolicyStatus,
     MigNodeSpec,
 )
@@ -35,16 +36,40 @@ async def patch_mignode_spec(api: ApiClient, name: str, spec: MigNodeSpec) -> di
     return result
 
 
-async def patch_policy_status(
-    api: ApiClient, name: str, status: GpuPartitionPolicyStatus
+async def _patch_status(
+    api: ApiClient, plural: str, name: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    body = {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")}
     result: dict[str, Any] = await CustomObjectsApi(api).patch_cluster_custom_object_status(
         GROUP,
         VERSION,
-        POLICY_PLURAL,
+        plural,
         name,
         body,
         _content_type=MERGE_PATCH,  # type: ignore[call-arg]
     )
     return result
+
+
+async def patch_policy_status(
+    api: ApiClient, name: str, status: GpuPartitionPolicyStatus
+) -> dict[str, Any]:
+    body = {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")}
+    return await _patch_status(api, POLICY_PLURAL, name, body)
+
+
+async def patch_mignode_conditions(
+    api: ApiClient, name: str, resource_version: str, conditions: list[Condition]
+) -> None:
+    """Write a MigNode's status conditions (the operator's `Stale`: kube/leases.py), only over
+    the status they were read from (the resourceVersion precondition): the agent may have
+    written meanwhile, and its conditions win. Raises ApiException 409 then; the caller tries
+    again with what the watch shows next."""
+    body = {
+        "metadata": {"resourceVersion": resource_version},
+        "status": {
+            "conditions": [
+                c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions
+            ]
+        },
+    }
+    await _patch_status(api, MIGNODE_PLURAL, name, body)

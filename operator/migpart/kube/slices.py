@@ -12,6 +12,16 @@ content writes the slice with `spec.pool.generation + 1`; the content is compare
 digest kept in an annotation, because the API server canonicalises quantities and a
 field-by-field comparison with what it stores would see changes that are none.
 
+A node the operator takes as unavailable (`gate` gives a reason: its agent's Lease expired, or
+kubelet has not registered the plugin) gets no device at all: its slice, if there is one, is
+written empty (removing devices is always safe: allocated claims keep theirs), and a slice
+that is gone (kubelet wipes a dead plugin's slices) is not created again until the node is
+back.
+
+A slice created again after it was deleted continues the pool's generations (the deleted
+one's + 1), never restarting at 1: a scheduler that still holds the old slice in its cache
+then takes the new one as the newer pool.
+
 What the slice holds now (its generation, digest and resourceVersion) comes from the operator's
 ResourceSlice watch (`observe_slice`) and from the responses to its own writes, not from a GET
 before each write: at 1,000 nodes a periodic resync then costs no request at all when nothing
@@ -24,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,11 +226,15 @@ class SlicePublisher:
 
     api: ApiClient
     on_publish: list[Any] = field(default_factory=list)
+    # node -> why it gets no devices now (None: publish them); see the module docstring
+    gate: Callable[[str], str | None] | None = None
     _nodes: dict[str, MigNode] = field(default_factory=dict)
     _withdrawn: dict[str, set[str]] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     # node -> its slice as last seen (watch or write response); absent: none seen
     _slices: dict[str, SliceState] = field(default_factory=dict)
+    # node -> the highest pool generation seen, kept when its slice is deleted
+    _floors: dict[str, int] = field(default_factory=dict)
     # GETs done because the view above was stale or missing (a metric and a test hook)
     reads: int = 0
 
@@ -242,11 +256,19 @@ class SlicePublisher:
         node = slice_node(body)
         if node is None:
             return None
+        gone = SliceState.of(body)
         known = self._slices.get(node)
-        if known is not None and known.newer_than(SliceState.of(body)):
+        if known is not None and known.newer_than(gone):
             return None
-        self._slices.pop(node, None)
+        self._floors[node] = max(self._floors.get(node, 0), gone.generation)
+        self._drop(node)
         return node
+
+    def _drop(self, node: str) -> None:
+        """Forget the node's slice (deleted), keeping its generation as the floor."""
+        known = self._slices.pop(node, None)
+        if known is not None:
+            self._floors[node] = max(self._floors.get(node, 0), known.generation)
 
     def observe(self, node: MigNode) -> None:
         """Remember the newest MigNode body; `publish` reads it.
@@ -268,9 +290,14 @@ class SlicePublisher:
         """The nodes whose MigNode has been seen (and not deleted since)."""
         return sorted(self._nodes)
 
+    def node(self, name: str) -> MigNode | None:
+        """The newest MigNode seen for `name`."""
+        return self._nodes.get(name)
+
     def forget(self, name: str) -> None:
         self._nodes.pop(name, None)
         self._withdrawn.pop(name, None)
+        self._floors.pop(name, None)
 
     def withdrawing(self) -> list[str]:
         """The nodes that have devices withdrawn."""
@@ -310,8 +337,9 @@ class SlicePublisher:
             node = self._nodes.get(name)
             if node is None:
                 raise StaleSnapshot(f"no MigNode {name!r} seen yet")
-            devices = slice_devices(node, self._withdrawn.get(name, ()))
-            result = await self._write(name, devices, mignode_owner(node))
+            held = self.gate(name) if self.gate is not None else None
+            devices = [] if held else slice_devices(node, self._withdrawn.get(name, ()))
+            result = await self._write(name, devices, mignode_owner(node), create=not held)
         if result.written:
             log.info(
                 "resource_slice_published",
@@ -324,15 +352,21 @@ class SlicePublisher:
         return result
 
     async def _write(
-        self, name: str, devices: list[Device], owner: dict[str, Any] | None
+        self, name: str, devices: list[Device], owner: dict[str, Any] | None, *, create: bool
     ) -> Published:
+        """Write `devices` if they differ from the slice's; `create`: also when there is no
+        slice (else leave it absent)."""
+        if not create and name not in self._slices:
+            return Published(name, self._floors.get(name, 0), False, frozenset(), None)
         api = CustomObjectsApi(self.api)
         digest = devices_digest(devices)
         names = frozenset(device_names(devices))
         for _ in range(5):
             current = self._slices.get(name)
             if current is None:
-                body = slice_body(name, devices, 1, owner)
+                if not create:
+                    return Published(name, self._floors.get(name, 0), False, frozenset(), None)
+                body = slice_body(name, devices, self._floors.get(name, 0) + 1, owner)
                 try:
                     created = await api.create_cluster_custom_object(
                         RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, body
@@ -375,7 +409,7 @@ class SlicePublisher:
             )
         except ApiException as e:
             if e.status == 404:
-                self._slices.pop(name, None)
+                self._drop(name)
                 return
             raise
         self._slices[name] = SliceState.of(got)

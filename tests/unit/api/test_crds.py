@@ -108,6 +108,7 @@ def test_union_of_types_is_refused() -> None:
                 ("FREE", ".status.summary.free"),
                 ("SYNCED", ".status.summary.synced"),
                 ("READY", '.status.conditions[?(@.type=="Ready")].status'),
+                ("STALE", '.status.conditions[?(@.type=="Stale")].status'),  # -o wide
                 ("AGE", ".metadata.creationTimestamp"),
             ],
         ),

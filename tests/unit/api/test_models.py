@@ -52,6 +52,7 @@ status:
   pendingRequests: 1
   lastPlan: {planId: "p-1", time: "2026-11-22T15:00:00Z", durationMillis: 3, satisfied: 5,
              unsatisfied: 1, created: 4, destroyed: 2}
+  unavailableNodes: [{name: gpu-node-9, reason: LeaseExpired}]
   conditions: [{type: Ready, status: "True", reason: Planned, message: ok,
                 lastTransitionTime: "2026-11-22T15:00:00Z"}]
 """

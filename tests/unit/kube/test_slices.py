@@ -150,3 +150,22 @@ def test_a_deleted_slice_is_forgotten_unless_we_wrote_a_newer_one() -> None:
     publisher.observe_slice(watched("n1", 1, 50))  # written again since
     assert publisher.slice_deleted(watched("n1", 2, 20)) is None
     assert publisher._slices["n1"].resource_version == "50"
+
+
+def test_a_recreated_slice_continues_the_generations_of_the_deleted_one() -> None:
+    publisher = SlicePublisher(cast(Any, None))
+    publisher.observe_slice(watched("n1", 7, 70))
+    assert publisher.slice_deleted(watched("n1", 7, 70)) == "n1"
+    assert publisher._floors["n1"] == 7  # the next create writes generation 8
+    publisher.forget("n1")  # the MigNode went: a new one starts afresh
+    assert "n1" not in publisher._floors
+
+
+async def test_an_unavailable_node_without_a_slice_gets_none_written() -> None:
+    """No API call at all (the publisher has no client here): a wiped slice stays wiped."""
+    publisher = SlicePublisher(cast(Any, None), gate=lambda node: "LeaseExpired")
+    n1 = node([gpu(0, ("1g.10gb", 0, "Free"))])
+    publisher.observe(n1.model_copy(update={"metadata": {"name": "n1"}}))
+    result = await publisher.publish("n1")
+    assert not result.written
+    assert result.devices == frozenset()

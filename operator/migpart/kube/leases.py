@@ -1,0 +1,129 @@
+"""The agents' node Leases as the operator sees them, and the `Stale` condition it derives
+(written by `kube.objects.patch_mignode_conditions`).
+
+One list+watch of migpart's Leases (a label selector, in one namespace) for the whole cluster:
+at 1,000 nodes renewing every 10 s that is 100 small events a second, which cost the operator
+a dict update each and never a planning round. What a renewal means (fresh or stale) is
+decided by `controller.health.NodeHealth`, which this feeds through `LeaseSink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Protocol
+
+import aiohttp
+import structlog
+from kubernetes_asyncio import watch
+from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from migpart.api.leases import LEASE_LABELS, lease_name
+from migpart.api.models import Condition
+from migpart.dra import now_iso
+
+log = structlog.get_logger(__name__)
+
+WATCH_TIMEOUT_S = 300
+MAX_BACKOFF_S = 30.0
+STALE = "Stale"
+
+
+class LeaseSink(Protocol):
+    """Where the watch delivers: every Lease at each (re)list, then each change."""
+
+    def leases_listed(self, renewals: Mapping[str, str]) -> None: ...
+
+    def lease_renewed(self, node: str, renew_time: str) -> None: ...
+
+    def lease_deleted(self, node: str) -> None: ...
+
+    def lease_watch_broken(self) -> None:
+        """Renewals are not seen until the next list."""
+        ...
+
+
+def _renewal(lease: Any) -> tuple[str, str] | None:
+    """(node, renewTime) of one of our Leases (None: not ours, or never renewed)."""
+    spec = lease.spec
+    holder = getattr(spec, "holder_identity", None) if spec is not None else None
+    if not holder or lease.metadata.name != lease_name(str(holder)):
+        return None
+    renew: datetime | str | None = spec.renew_time
+    if renew is None:
+        return None
+    return str(holder), renew.isoformat() if isinstance(renew, datetime) else str(renew)
+
+
+def _selector() -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(LEASE_LABELS.items()))
+
+
+async def watch_leases(api: ApiClient, namespace: str, sink: LeaseSink) -> None:
+    """List and watch migpart's Leases in `namespace` until cancelled; relist after any break
+    (a failed list is logged once per outage and retried with back-off)."""
+    leases: Any = CoordinationV1Api(api)
+    backoff = 0.5
+    failing = False
+    while True:
+        try:
+            listed = await leases.list_namespaced_lease(namespace, label_selector=_selector())
+            sink.leases_listed(dict(r for item in listed.items if (r := _renewal(item))))
+            if failing:
+                log.info("lease_watch_restored", namespace=namespace)
+            failing, backoff = False, 0.5
+            async with watch.Watch().stream(
+                leases.list_namespaced_lease,
+                namespace,
+                label_selector=_selector(),
+                resource_version=listed.metadata.resource_version,
+                timeout_seconds=WATCH_TIMEOUT_S,
+            ) as stream:
+                async for event in stream:
+                    kind, obj = event["type"], event["object"]
+                    if kind == "ERROR":
+                        break  # e.g. 410 Gone: list again
+                    renewal = _renewal(obj)
+                    if renewal is None:
+                        continue
+                    if kind == "DELETED":
+                        sink.lease_deleted(renewal[0])
+                    else:
+                        sink.lease_renewed(*renewal)
+        except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+            if not failing:
+                log.warning(
+                    "lease_watch_failed",
+                    namespace=namespace,
+                    error=str(err).splitlines()[0] if str(err) else type(err).__name__,
+                    retry="with back-off",
+                )
+        # A dead watch would look like every agent dead: a bug must not end it either.
+        except Exception:
+            log.exception("lease_watch_crashed", namespace=namespace)
+        else:
+            continue  # the watch ended normally (its timeout): list again
+        sink.lease_watch_broken()
+        failing = True
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+def stale_conditions(
+    conditions: list[Condition], stale: bool, message: str
+) -> list[Condition] | None:
+    """The MigNode's conditions with `Stale` set as told, or None when they already say so.
+    An absent `Stale` condition means fresh: the agent's own status writes drop it."""
+    old = next((c for c in conditions if c.type == STALE), None)
+    if (old is None and not stale) or (old is not None and old.status == str(stale)):
+        return None
+    condition = Condition(
+        type=STALE,
+        status="True" if stale else "False",
+        reason="LeaseExpired" if stale else "LeaseRenewed",
+        message=message[:4000],
+        last_transition_time=now_iso(),
+    )
+    return [*(c for c in conditions if c.type != STALE), condition]

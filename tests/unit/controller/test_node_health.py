@@ -1,0 +1,196 @@
+"""Which nodes the operator leaves alone (NodeHealth), and what a round does with them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from migpart.api.models import Condition, KubeletPluginStatus
+from migpart.controller.effects import InMemoryEffects
+from migpart.controller.health import NodeHealth
+from migpart.controller.reconcile import PolicyRound
+from migpart.controller.scope import Cluster
+from migpart.controller.state import OperatorState
+from migpart.kube.leases import stale_conditions
+from migpart.kube.placement import NodeFacts
+from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy
+from tests.unit.kube.factories import gpu
+
+
+@dataclass
+class Clock:
+    now: float = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def health(clock: Clock, *nodes: str) -> NodeHealth:
+    h = NodeHealth(timeout_s=40.0, clock=clock)
+    for node in nodes:
+        h.mignode(node, None)
+    return h
+
+
+def test_nothing_is_stale_before_the_leases_were_listed() -> None:
+    clock = Clock()
+    h = health(clock, "a")
+    clock.now += 1000
+    assert h.check() == []
+    assert h.reason("a") is None
+    assert not h.synced
+
+
+def test_a_lease_not_renewed_for_the_timeout_makes_its_node_stale_until_renewed() -> None:
+    clock = Clock()
+    h = health(clock, "a", "b")
+    h.leases_listed({"a": "t1", "b": "t1"})
+    clock.now += 30
+    h.lease_renewed("a", "t2")
+    h.lease_renewed("b", "t1")  # the same renewTime again (a relist): not a renewal
+    clock.now += 15  # b: 45 s silent, a: 15 s
+    assert h.check() == ["b"]
+    assert h.reason("b") == "LeaseExpired"
+    assert h.unavailable() == {"b": "LeaseExpired"}
+    assert "not renewed for 45 s" in h.describe("b")
+    assert h.check() == []  # told once
+    h.lease_renewed("b", "t3")
+    assert h.check() == ["b"]
+    assert h.reason("b") is None
+
+
+def test_a_restarted_operator_gives_every_lease_the_timeout_from_its_first_list() -> None:
+    clock = Clock()
+    h = health(clock, "a")
+    clock.now += 1000
+    h.leases_listed({"a": "renewed long before the operator started"})
+    clock.now += 39
+    assert h.check() == []
+    clock.now += 2
+    assert h.check() == ["a"]
+
+
+def test_a_node_without_a_lease_is_not_judged_by_one() -> None:
+    """Its agent predates Leases (an upgrade in progress): it keeps its devices."""
+    clock = Clock()
+    h = health(clock, "a", "b")
+    h.leases_listed({"b": "t1"})
+    clock.now += 1000
+    assert h.check() == ["b"]
+    assert h.reason("a") is None
+    h.lease_deleted("b")  # its Node went (the Lease is owned by it)
+    assert h.check() == ["b"]
+    assert h.reason("b") is None
+
+
+def test_a_deleted_node_is_forgotten() -> None:
+    clock = Clock()
+    h = health(clock, "a")
+    h.leases_listed({"a": "t1"})
+    clock.now += 100
+    h.check()
+    h.forget("a")
+    assert h.unavailable() == {}
+    assert h.check() == []
+
+
+def test_plugin_registration_counts_at_once_and_only_where_reported() -> None:
+    clock = Clock()
+    h = health(clock, "a")
+    h.leases_listed({"a": "t1"})
+    waiting = KubeletPluginStatus(registered=False, message="waiting for kubelet")
+    assert h.mignode("a", waiting)
+    assert h.reason("a") == "PluginNotRegistered"
+    assert "waiting for kubelet" in h.describe("a")
+    assert not h.mignode("a", waiting)
+    assert h.mignode("a", KubeletPluginStatus(registered=True))
+    assert h.reason("a") is None
+    h.mignode("a", waiting)
+    assert h.mignode("a", None)  # an agent that does not report it: not gated
+    # an expired lease wins over the registration
+    h.mignode("a", waiting)
+    clock.now += 50
+    assert h.check() == ["a"]
+    assert h.reason("a") == "LeaseExpired"
+
+
+def test_the_stale_condition_is_written_only_when_it_changes() -> None:
+    ready = Condition(type="Ready", status="True", reason="Converged")
+    marked = stale_conditions([ready], True, "silent")
+    assert marked is not None
+    assert [(c.type, c.status, c.reason) for c in marked] == [
+        ("Ready", "True", "Converged"),
+        ("Stale", "True", "LeaseExpired"),
+    ]
+    assert stale_conditions(marked, True, "silent") is None
+    assert stale_conditions([ready], False, "back") is None  # absent means fresh
+    cleared = stale_conditions(marked, False, "back")
+    assert cleared is not None
+    assert [(c.type, c.status, c.reason) for c in cleared][-1] == ("Stale", "False", "LeaseRenewed")
+
+
+def _world(unavailable: dict[str, str]) -> Cluster:
+    busy = {
+        **mignode("a", 1, gpus=[gpu(0)]),
+        "spec": {"planId": "p-old", "gpus": [{"index": 0, "instances": []}]},
+    }
+    nodes = {"a": busy, "b": mignode("b", 2, gpus=[gpu(0)])}
+    labels = {name: {"pool": "a"} for name in nodes}
+    return Cluster(
+        mignodes=nodes,
+        node_labels=labels,
+        policies={"pa": policy("pa", "a", reconfiguration={"batchWindowSeconds": 0})},
+        claims={"ns/c1": claim("c1", "3g.40gb")},
+        waiting={"ns/c1": (placement(),)},
+        device_classes={"mig.migpart.io": DEVICE_CLASS},
+        node_facts={name: NodeFacts(v, ()) for name, v in labels.items()},
+        unavailable=unavailable,
+    )
+
+
+async def _round(cluster: Cluster) -> InMemoryEffects:
+    effects = InMemoryEffects(mignodes=dict(cluster.mignodes))
+    none = cast(Any, None)
+    state = OperatorState(api=none, credentials=none, publisher=none, effects=effects)
+    await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
+    return effects
+
+
+async def test_a_stale_node_frees_its_slot_and_is_reported() -> None:
+    # a holds the only slot (spec not observed): nothing else may change ...
+    held = await _round(_world({}))
+    assert held.specs == []
+    # ... until a's lease is stale: b gets the plan, a nothing, and the status says why
+    effects = await _round(_world({"a": "LeaseExpired"}))
+    assert [node for node, _ in effects.specs] == ["b"]
+    [(_, status)] = effects.statuses
+    assert status.nodes == 2
+    assert [(n.name, n.reason) for n in status.unavailable_nodes] == [("a", "LeaseExpired")]
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert ready.status == "True"
+
+
+async def test_a_policy_whose_nodes_are_all_unavailable_is_not_ready() -> None:
+    cluster = _world({"a": "LeaseExpired", "b": "PluginNotRegistered"})
+    effects = await _round(replace(cluster))
+    assert effects.specs == []
+    [(_, status)] = effects.statuses
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "NodesUnavailable")
+    assert status.pending_requests == 0  # no node of the policy can take the claim now
+
+
+def test_while_the_lease_watch_is_broken_no_node_goes_stale() -> None:
+    """An operator that cannot see renewals must not take them for dead agents."""
+    clock = Clock()
+    h = health(clock, "a")
+    h.leases_listed({"a": "t1"})
+    h.lease_watch_broken()
+    clock.now += 1000
+    assert h.check() == []
+    assert h.reason("a") is None
+    h.leases_listed({"a": "t1"})  # back: every Lease gets a full timeout from now
+    clock.now += 39
+    assert h.check() == []
+    clock.now += 2
+    assert h.check() == ["a"]
