@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 import aiohttp
 import structlog
-from kubernetes_asyncio import watch
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -85,24 +84,8 @@ async def watch_leases(api: ApiClient, namespace: str, sink: LeaseSink) -> None:
             if failing:
                 log.info("lease_watch_restored", namespace=namespace)
             failing, backoff = False, 0.5
-            async with watch.Watch(return_type="object").stream(
-                leases.list_namespaced_lease,
-                namespace,
-                label_selector=_selector(),
-                resource_version=(listed.get("metadata") or {}).get("resourceVersion"),
-                timeout_seconds=WATCH_TIMEOUT_S,
-            ) as stream:
-                async for event in stream:
-                    kind, obj = event["type"], event["object"]
-                    if kind == "ERROR":
-                        break  # e.g. 410 Gone: list again
-                    renewal = _renewal(obj)
-                    if renewal is None:
-                        continue
-                    if kind == "DELETED":
-                        sink.lease_deleted(renewal[0])
-                    else:
-                        sink.lease_renewed(*renewal)
+            version = (listed.get("metadata") or {}).get("resourceVersion")
+            await _follow(leases, namespace, version, sink)
         except (TimeoutError, ApiException, aiohttp.ClientError) as err:
             if not failing:
                 log.warning(
@@ -120,6 +103,39 @@ async def watch_leases(api: ApiClient, namespace: str, sink: LeaseSink) -> None:
         failing = True
         await asyncio.sleep(backoff)
         backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+async def _follow(leases: Any, namespace: str, version: str | None, sink: LeaseSink) -> None:
+    """Deliver the watch's events from `version` until it ends (its timeout) or reports an
+    error (e.g. 410 Gone: the caller lists again). One JSON parse per event, no models."""
+    response = await leases.list_namespaced_lease(
+        namespace,
+        label_selector=_selector(),
+        resource_version=version,
+        timeout_seconds=WATCH_TIMEOUT_S,
+        watch=True,
+        _preload_content=False,
+    )
+    try:
+        if not 200 <= response.status <= 299:
+            body = await response.read()
+            raise ApiException(status=response.status, reason=body.decode(errors="replace"))
+        async for line in response.content:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                return
+            renewal = _renewal(obj)
+            if renewal is None:
+                continue
+            if kind == "DELETED":
+                sink.lease_deleted(renewal[0])
+            else:
+                sink.lease_renewed(*renewal)
+    finally:
+        response.release()
 
 
 def stale_conditions(
