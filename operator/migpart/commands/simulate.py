@@ -53,6 +53,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-window-s", type=float, default=2.0, help="migpart (default 2)")
     p.add_argument("--actuation-s", type=float, default=5.0, help="per GPU changed (default 5)")
     p.add_argument("--max-concurrent-nodes", type=int, default=1, help="migpart (default 1)")
+    p.add_argument(
+        "--age-s",
+        type=float,
+        default=1200.0,
+        help="migpart: ageing, a pod waiting this long is not overtaken (default 1200; 0: off)",
+    )
+    p.add_argument(
+        "--spares-from-mix", type=int, default=0, help="migpart: this many spares, by recent mix"
+    )
     p.add_argument("--spares", default="", help="migpart spares, e.g. 1g.10gb:2,3g.40gb:1")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", help="write PNGs (matplotlib) into this directory")
@@ -91,7 +100,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
     for option in ("nodes", "gpus_per_node", "seeds", "max_concurrent_nodes"):
         if getattr(args, option) < 1:
             raise InvalidInput(f"--{option.replace('_', '-')}", "must be at least 1")
-    for option in ("batch_window_s", "actuation_s"):
+    for option in ("batch_window_s", "actuation_s", "age_s"):
         if getattr(args, option) < 0:
             raise InvalidInput(f"--{option.replace('_', '-')}", "must not be negative")
     static = _static(args.mig_config, args.gpus_per_node, args.model)
@@ -119,6 +128,8 @@ def _config(args: argparse.Namespace) -> SimConfig:
         batch_window_s=args.batch_window_s,
         actuation_s=args.actuation_s,
         max_concurrent_nodes=args.max_concurrent_nodes,
+        age_s=args.age_s if args.age_s > 0 else None,
+        spares_total=args.spares_from_mix,
         planner_policy=PolicyView(spares=spares),
     )
 

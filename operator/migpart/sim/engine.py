@@ -67,6 +67,7 @@ class Engine:
         self.progress = progress
         self.now = 0.0
         self.pending: dict[str, SimPod] = {}
+        self.arrivals: list[SimPod] = []
         self.bound: dict[str, list[Device]] = {}
         self.started: dict[str, float] = {}
         self.creates = 0
@@ -135,6 +136,7 @@ class Engine:
             if kind == _ARRIVE:
                 assert isinstance(data, SimPod)
                 self.pending[data.name] = data
+                self.arrivals.append(data)
                 new.append(data)
                 handled += 1
             elif kind == _READY:

@@ -10,6 +10,12 @@ each changed GPU takes `actuation_s`, one after another on a node. A pod assigne
 being created is bound to them (the operator's planned device) and starts when they are ready;
 free instances of a target layout (spares) are published as they become ready.
 
+Over time (`migpart.planning.overtime`), with `age_s` set: a pod that has waited `age_s` ranks
+above younger ones in the planner, and an instance freed while such a pod waits that cannot
+use it is withdrawn rather than handed to a younger pod (in a cluster the operator republishes
+the slice without it; the simulator lets the operator win that race). `spares_total` free
+instances are kept, split over the profiles of the last `mix_window` pods.
+
 Instances that are held, or still being created, are `used` in the snapshot: the planner never
 destroys them.
 """
@@ -18,12 +24,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from migpart.mig import Instance
 from migpart.planning.codec import encode_plan, parse_input
-from migpart.planning.model import PolicyView
+from migpart.planning.model import PolicyView, Request
+from migpart.planning.overtime import aged, spares_from_mix, withdraw_on_release
 from migpart.planning.planner import plan
 from migpart.sim.cluster import Device, SimCluster
 from migpart.sim.engine import Engine
@@ -36,6 +43,9 @@ class Migpart:
     batch_window_s: float = 2.0
     actuation_s: float = 5.0
     max_concurrent_nodes: int = 1
+    age_s: float | None = None
+    spares_total: int = 0
+    mix_window: int = 200
     name: str = "migpart"
     cpu_clock: Callable[[], float] = time.process_time
     rounds: int = 0
@@ -53,7 +63,14 @@ class Migpart:
             engine.at(engine.now + self.batch_window_s, lambda: self._round(engine))
 
     def released(self, engine: Engine, pod: SimPod, devices: Sequence[Device]) -> None:
-        return None
+        if self.age_s is None or not engine.pending:
+            return
+        now = engine.now
+        waiting = [(_request(p, 0), now - p.arrival_s) for p in engine.pending.values()]
+        profiles = [inst.profile for _, _, inst in devices]
+        if withdraw_on_release(profiles, waiting, self.age_s):
+            for node, index, inst in devices:
+                engine.destroy(node, index, inst)
 
     def _node_done(self, engine: Engine) -> None:
         if engine.pending:
@@ -66,13 +83,21 @@ class Migpart:
         busy = {n for n, t in self._busy_until.items() if t > now}
         room = self.max_concurrent_nodes - len(busy)
         pending = list(engine.pending.values())
-        if room <= 0 or (not pending and not self.policy.spares):
+        if room <= 0 or (not pending and not self.policy.spares and not self.spares_total):
             return
         idle = [n for n in range(len(cluster.names)) if n not in busy]
-        document = snapshot_document(cluster, idle, pending)
+        requests = [_request(p, 0) for p in pending]
+        if self.age_s is not None:
+            waited = {p.name: now - p.arrival_s for p in pending}
+            requests = aged(requests, waited, self.age_s)
+        policy = self.policy
+        if self.spares_total:
+            recent = [_request(p, 0) for p in engine.arrivals[-self.mix_window :]]
+            policy = replace(policy, spares=spares_from_mix(recent, self.spares_total))
+        document = snapshot_document(cluster, idle, requests)
         started = self.cpu_clock()
-        parsed = parse_input(document, lambda _: self.policy)
-        result = encode_plan(plan(parsed.snapshot, parsed.requests, self.policy), 0.0)
+        parsed = parse_input(document, lambda _: policy)
+        result = encode_plan(plan(parsed.snapshot, parsed.requests, policy), 0.0)
         engine.add_planner_cpu(self.cpu_clock() - started)
         self.rounds += 1
         self._apply(engine, result, room)
@@ -115,8 +140,12 @@ class Migpart:
             engine.bind(pod, devices)
 
 
+def _request(pod: SimPod, priority: int) -> Request:
+    return Request(pod.name, pod.profiles, pod.count, priority, pod.nodes)
+
+
 def snapshot_document(
-    cluster: SimCluster, nodes: Sequence[int], pending: Sequence[SimPod]
+    cluster: SimCluster, nodes: Sequence[int], pending: Sequence[Request]
 ) -> dict[str, Any]:
     """The plan contract's snapshot of `nodes` with the pending pods as requests."""
     names = cluster.names
@@ -135,14 +164,14 @@ def snapshot_document(
             gpus.append({"index": gpu.index, "model": cluster.table.model, "instances": instances})
         doc_nodes.append({"name": names[n], "gpus": gpus})
     requests: list[dict[str, Any]] = []
-    for pod in pending:
+    for r in pending:
         request: dict[str, Any] = {
-            "name": pod.name,
-            "profiles": list(pod.profiles),
-            "count": pod.count,
-            "priority": 0,
+            "name": r.name,
+            "profiles": list(r.profiles),
+            "count": r.count,
+            "priority": r.priority,
         }
-        if pod.nodes is not None:
-            request["nodes"] = sorted(pod.nodes)
+        if r.nodes is not None:
+            request["nodes"] = sorted(r.nodes)
         requests.append(request)
     return {"nodes": doc_nodes, "requests": requests}

@@ -41,6 +41,8 @@ class SimConfig:
     batch_window_s: float = 2.0
     actuation_s: float = 5.0
     max_concurrent_nodes: int = 1
+    age_s: float | None = 1200.0
+    spares_total: int = 0
     planner_policy: PolicyView = field(default_factory=PolicyView)
 
     @property
@@ -120,6 +122,8 @@ def make_policy(
             batch_window_s=config.batch_window_s,
             actuation_s=config.actuation_s,
             max_concurrent_nodes=config.max_concurrent_nodes,
+            age_s=config.age_s,
+            spares_total=config.spares_total,
         ), pods
     if name in config.static:
         return Static(name, config.static[name]), pods

@@ -12,9 +12,10 @@ Two inputs:
   order of preference) or `gpu_fraction` (`gpuFraction`), and optionally `count` (default 1),
   `nodes` (node names separated by `|`) and `name`.
 
-A GPU fraction becomes every profile with at least that share of the GPU's compute slices,
-smallest first (a claim selecting `computeSlices >= n`); 1 or more asks for whole GPUs. The
-request's size is the compute slices its smallest profile takes, times its count.
+A GPU fraction becomes the smallest profile with at least that share of the GPU's compute
+slices (what a DRA claim for a MIG device names); 1 or more asks for that many whole GPUs. A
+list of profiles accepts any of them, in order of preference. The request's size is the
+compute slices its smallest profile takes, times its count.
 """
 
 from __future__ import annotations
@@ -59,14 +60,14 @@ def plain_profiles(table: ModelTable) -> list[str]:
 
 
 def covering(table: ModelTable, fraction: float) -> tuple[tuple[str, ...], int]:
-    """(profiles, count) for a GPU fraction: below 1, every profile with at least that share of
-    compute, smallest first; 1 or more, that many whole GPUs (rounded up)."""
+    """(profiles, count) for a GPU fraction: below 1, the smallest profile with at least that
+    share of compute; 1 or more, that many whole GPUs (rounded up)."""
     names = plain_profiles(table)
     if fraction >= 1 - 1e-9:
         return (names[-1],), math.ceil(fraction - 1e-9)
     share = fraction * table.compute_slices
-    fits = tuple(n for n in names if table.profile(n).compute_slices >= share - 1e-9)
-    return fits, 1
+    fits = [n for n in names if table.profile(n).compute_slices >= share - 1e-9]
+    return (fits[0],), 1
 
 
 def make_pod(

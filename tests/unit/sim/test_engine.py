@@ -117,3 +117,17 @@ def test_the_cluster_refuses_to_destroy_a_held_instance() -> None:
     cluster.add(0, 0, inst, ready=True, holder="a")
     with pytest.raises(AssertionError, match="held by a"):
         cluster.remove(0, 0, inst)
+
+
+def test_ageing_stops_a_stream_of_whole_gpu_pods_from_overtaking_a_small_one() -> None:
+    pods = [pod("w0", 0, 100, "7g.80gb"), pod("small", 1, 10, "3g.40gb")]
+    pods += [pod(f"w{k}", 60 + k, 100, "7g.80gb") for k in range(1, 8)]
+
+    def small_wait(age_s: float | None) -> float:
+        cluster = SimCluster(H100, 1, 1)
+        cluster.add(0, 0, Instance("7g.80gb", 0), ready=True, holder=None)
+        out = Engine(cluster, pods, Migpart(actuation_s=5, age_s=age_s)).run()
+        return out.waits_s[1]
+
+    assert small_wait(None) > 700  # behind every whole-GPU pod
+    assert small_wait(50) == pytest.approx(100 - 1 + 2 + 5)  # withdrawn, window, actuation
