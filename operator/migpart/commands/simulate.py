@@ -182,8 +182,7 @@ def main(argv: list[str]) -> int:
             shape = f"{config.nodes} x {config.gpus_per_node} {config.table.model}"
             print(f"{len(pods)} pods, {shape}, {load}")
             if result.best_static_mix:
-                mix = ", ".join(f"{n} x {s}" for s, n in result.best_static_mix.items())
-                print(f"best-static mix per node: {mix}")
+                print(f"best-static: {result.best_static_mix.describe()}")
             print(table(result))
             print(ratio_line(result))
         if args.plot:

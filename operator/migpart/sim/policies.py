@@ -23,12 +23,17 @@ from migpart.sim.workload import SimPod, plain_profiles
 
 @dataclass
 class Static:
+    """`layout` on every node, except the first `whole_nodes` nodes, which get `whole`."""
+
     name: str
     layout: StaticLayout
+    whole_nodes: int = 0
+    whole: StaticLayout = ()
 
     def setup(self, engine: Engine) -> None:
         for node in range(len(engine.cluster.names)):
-            for index, instances in enumerate(self.layout):
+            layout = self.whole if node < self.whole_nodes else self.layout
+            for index, instances in enumerate(layout):
                 for inst in instances:
                     engine.cluster.add(node, index, inst, ready=True, holder=None)
 

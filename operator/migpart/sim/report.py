@@ -169,7 +169,12 @@ def as_json(result: SimResult) -> dict[str, Any]:
             "actuationS": config.actuation_s,
             "maxConcurrentNodes": config.max_concurrent_nodes,
         },
-        "bestStaticMix": result.best_static_mix,
+        "bestStaticMix": None
+        if result.best_static_mix is None
+        else {
+            "wholeNodes": result.best_static_mix.whole_nodes,
+            "perGpu": dict(result.best_static_mix.per_gpu),
+        },
         "policies": {
             name: {k: {"mean": m, "spread": s} for k, (m, s) in values.items()}
             for name, values in summary(result).items()

@@ -1,9 +1,10 @@
 """Runs: every policy on the same arrivals, seed by seed, and the best fixed mix of layouts.
 
 `simulate(config, pods)` builds each policy fresh per seed (the same jittered arrivals for all
-policies of a seed) and returns their `Outcome`s. `best-static` is a hindsight search: per-GPU
-shapes (`layouts.shapes`) in one mix per node, started from the mix that matches the workload's
-demand by size and improved one GPU at a time on the first seed, then run on every seed.
+policies of a seed) and returns their `Outcome`s. `best-static` is a hindsight search over
+static layouts: some nodes whole GPUs (for multi-GPU pods), the others one mix of per-GPU shapes
+(`layouts.shapes`), started from the mix that matches the workload's demand by size and
+improved one node or one GPU at a time on the first seed, then run on every seed.
 """
 
 from __future__ import annotations
@@ -50,11 +51,24 @@ class SimConfig:
         return self.nodes * self.gpus_per_node * self.table.compute_slices
 
 
+@dataclass(frozen=True)
+class StaticMix:
+    """`whole_nodes` nodes of whole GPUs; every other node has `per_gpu[shape]` GPUs of each
+    shape."""
+
+    whole_nodes: int
+    per_gpu: tuple[tuple[str, int], ...]
+
+    def describe(self) -> str:
+        mix = ", ".join(f"{n} x {s}" for s, n in self.per_gpu)
+        return f"{self.whole_nodes} node(s) all 7, the others {mix}"
+
+
 @dataclass
 class SimResult:
     config: SimConfig
     outcomes: dict[str, list[Outcome]]
-    best_static_mix: dict[str, int] | None = None
+    best_static_mix: StaticMix | None = None
 
 
 Progress = Callable[[str, float], None]
@@ -79,7 +93,7 @@ def simulate(
         raise InvalidInput("--seeds", f"must be at least 1, got {config.seeds}")
     base = prepared(config, pods)
     outcomes: dict[str, list[Outcome]] = {name: [] for name in config.policies}
-    best_mix: dict[str, int] | None = None
+    best_mix: StaticMix | None = None
     for seed in range(1, config.seeds + 1):
         arrivals = jittered(base, seed)
         for name in config.policies:
@@ -101,7 +115,7 @@ def _cluster(config: SimConfig) -> SimCluster:
 
 
 def make_policy(
-    config: SimConfig, name: str, pods: Sequence[SimPod], best_mix: dict[str, int] | None = None
+    config: SimConfig, name: str, pods: Sequence[SimPod], best_mix: StaticMix | None = None
 ) -> tuple[Policy, Sequence[SimPod]]:
     """A fresh policy by name, and the pods as it sees them (MIG off: whole GPUs)."""
     table, gpus = config.table, config.gpus_per_node
@@ -113,7 +127,7 @@ def make_policy(
         return Static(name, uniform(table, balanced(table), gpus)), pods
     if name == "best-static":
         assert best_mix is not None
-        return Static(name, mix_layout(table, best_mix)), pods
+        return _mixed(config, name, best_mix), pods
     if name == "first-fit":
         return FirstFit(config.actuation_s), pods
     if name == "migpart":
@@ -138,48 +152,70 @@ def mix_layout(table: ModelTable, mix: dict[str, int]) -> StaticLayout:
     return tuple(known[s] for s in order for _ in range(mix[s]))
 
 
+def _mixed(config: SimConfig, name: str, mix: StaticMix) -> Static:
+    table = config.table
+    return Static(
+        name,
+        mix_layout(table, dict(mix.per_gpu)),
+        mix.whole_nodes,
+        uniform(table, whole(table), config.gpus_per_node),
+    )
+
+
 def _mean_wait(outcome: Outcome) -> float:
     return sum(outcome.waits_s) / max(1, len(outcome.waits_s))
 
 
 def search_static(
     config: SimConfig, pods: Sequence[SimPod], progress: Progress | None = None
-) -> dict[str, int]:
-    """The per-node mix of shapes with the least mean wait on `pods` (hill climbing from the
-    demand-matched mix, one GPU changed at a time, `_SEARCH_EVALUATIONS` runs at most)."""
+) -> StaticMix:
+    """The static mix with the least mean wait on `pods` (hill climbing from the
+    demand-matched mix, one node or one GPU changed at a time, `_SEARCH_EVALUATIONS` runs at
+    most)."""
     table, gpus = config.table, config.gpus_per_node
     known = shapes(table)
     candidates = [s for s in _SEARCH_SHAPES if s in known] or list(known)[:1]
-    cache: dict[tuple[tuple[str, int], ...], float] = {}
+    cache: dict[StaticMix, float] = {}
 
-    def score(mix: Counter[str]) -> float:
-        key = tuple(sorted((s, n) for s, n in mix.items() if n))
-        if key not in cache:
-            policy = Static("best-static", mix_layout(table, dict(key)))
-            cache[key] = _mean_wait(Engine(_cluster(config), pods, policy).run())
+    def key(whole_nodes: int, mix: Counter[str]) -> StaticMix:
+        return StaticMix(whole_nodes, tuple(sorted((s, n) for s, n in mix.items() if n > 0)))
+
+    def score(m: StaticMix) -> float:
+        if m not in cache:
+            run = Engine(_cluster(config), pods, _mixed(config, "best-static", m)).run()
+            cache[m] = _mean_wait(run)
             if progress is not None:
                 progress("best-static search", len(cache) / _SEARCH_EVALUATIONS)
-        return cache[key]
+        return cache[m]
 
-    best = _demand_mix(table, pods, gpus, candidates)
+    multi = any(p.count > 1 for p in pods)
+    whole_nodes = min(1 if multi else 0, config.nodes)
+    mix = _demand_mix(table, pods, gpus, candidates)
+    best = key(whole_nodes, mix)
     best_score = score(best)
     improved = True
     while improved and len(cache) < _SEARCH_EVALUATIONS:
         improved = False
-        for give in sorted(best):
+        neighbours = [
+            key(n, Counter(dict(best.per_gpu)))
+            for n in (best.whole_nodes + 1, best.whole_nodes - 1)
+            if 0 <= n <= config.nodes
+        ]
+        for give, _ in best.per_gpu:
             for take in candidates:
-                if take == give or len(cache) >= _SEARCH_EVALUATIONS:
-                    continue
-                mix = best.copy()
-                mix[give] -= 1
-                mix[take] += 1
-                s = score(mix)
-                if s < best_score:
-                    best, best_score, improved = +mix, s, True
-                    break
-            if improved:
+                if take != give:
+                    changed = Counter(dict(best.per_gpu))
+                    changed[give] -= 1
+                    changed[take] += 1
+                    neighbours.append(key(best.whole_nodes, changed))
+        for candidate in neighbours:
+            if len(cache) >= _SEARCH_EVALUATIONS:
                 break
-    return dict(best)
+            s = score(candidate)
+            if s < best_score:
+                best, best_score, improved = candidate, s, True
+                break
+    return best
 
 
 def _demand_mix(
