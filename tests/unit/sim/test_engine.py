@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from migpart.mig import CATALOG, Instance
 from migpart.planning.model import PolicyView, Spare
-from migpart.sim.cluster import SimCluster
+from migpart.sim.cluster import Device, SimCluster
 from migpart.sim.engine import Engine
 from migpart.sim.layouts import balanced, uniform, whole
 from migpart.sim.migpart import Migpart
@@ -131,3 +133,33 @@ def test_ageing_stops_a_stream_of_whole_gpu_pods_from_overtaking_a_small_one() -
 
     assert small_wait(None) > 700  # behind every whole-GPU pod
     assert small_wait(50) == pytest.approx(100 - 1 + 2 + 5)  # withdrawn, window, actuation
+
+
+def test_first_fit_destroys_only_the_departing_pods_instance() -> None:
+    # Two 3g pods share GPU 0; the first leaves while the second runs.
+    pods = [pod("a", 0, 10, "3g.40gb"), pod("b", 0, 100, "3g.40gb")]
+    cluster = SimCluster(H100, 1, 1)
+    seen: list[set[Instance]] = []
+
+    class Watching(FirstFit):
+        def released(self, engine: Engine, pod: SimPod, devices: Sequence[Device]) -> None:
+            super().released(engine, pod, devices)
+            seen.append(set(cluster.gpus[0][0].instances))
+
+    Engine(cluster, pods, Watching(actuation_s=5)).run()
+    assert seen[0] == {Instance("3g.40gb", 4)}  # b's instance stayed while b ran
+
+
+def test_withdrawing_keeps_the_instances_in_use_beside_the_freed_one() -> None:
+    # small waits long for a 3g; the 3g at 4 is freed while the 3g at 0 is in use.
+    pods = [pod("keep", 0, 10_000, "3g.40gb"), pod("leave", 0, 3000, "3g.40gb")]
+    pods += [pod("small", 1, 10, "2g.20gb"), pod("young", 2900, 10, "3g.40gb")]
+    cluster = SimCluster(H100, 1, 1)
+    for inst in (Instance("3g.40gb", 0), Instance("3g.40gb", 4)):
+        cluster.add(0, 0, inst, ready=True, holder=None)
+    out = Engine(cluster, pods, Migpart(actuation_s=5, age_s=600)).run()
+    keep, leave, small, young = out.waits_s
+    assert keep == leave == 0
+    assert small == pytest.approx(3000 - 1 + 2 + 5)  # the freed 3g was withdrawn for it
+    assert young > 0  # not handed the freed 3g ahead of small
+    assert out.served == 4

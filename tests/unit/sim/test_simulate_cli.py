@@ -92,3 +92,12 @@ def test_missing_trace_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 )  # fmt: skip
 def test_a_difference_within_the_noise_is_a_tie(ratios: list[float], word: str) -> None:
     assert verdict(ratios) == word
+
+
+def test_the_simulate_doc_names_only_real_flags() -> None:
+    import re
+
+    doc = (Path(__file__).parents[3] / "docs" / "simulate.md").read_text()
+    known = set(re.findall(r"--[a-z][a-z0-9-]*", simulate._parser().format_help()))
+    mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", doc))
+    assert mentioned - {"--help"} <= known, sorted(mentioned - known)
