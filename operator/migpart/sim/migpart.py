@@ -27,8 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from migpart.mig import Instance
-from migpart.planning.codec import encode_plan, parse_input
+from migpart.errors import InvalidInput
+from migpart.mig import Instance, Profile
+from migpart.planning.codec import Parsers, encode_plan, parse_input
 from migpart.planning.model import PolicyView, Request
 from migpart.planning.overtime import aged, spares_from_mix, withdraw_on_release
 from migpart.planning.planner import plan
@@ -96,7 +97,7 @@ class Migpart:
             policy = replace(policy, spares=spares_from_mix(recent, self.spares_total))
         document = snapshot_document(cluster, idle, requests)
         started = self.cpu_clock()
-        parsed = parse_input(document, lambda _: policy)
+        parsed = parse_input(document, Parsers(policy=lambda _: policy, profile=_no_table))
         result = encode_plan(plan(parsed.snapshot, parsed.requests, policy), 0.0)
         engine.add_planner_cpu(self.cpu_clock() - started)
         self.rounds += 1
@@ -138,6 +139,11 @@ class Migpart:
                 continue
             devices = [(node, d["gpu"], Instance(d["profile"], d["start"])) for d in a["devices"]]
             engine.bind(pod, devices)
+
+
+def _no_table(raw: object) -> Profile:
+    """The simulator's snapshots name catalog models only: they carry no profile tables."""
+    raise InvalidInput("", "the simulator's snapshots carry no profile tables")
 
 
 def _request(pod: SimPod, priority: int) -> Request:
