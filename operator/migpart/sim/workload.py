@@ -113,6 +113,11 @@ def load_workload(path: Path, table: ModelTable) -> list[SimPod]:
             pods = [_simple(table, row, f"row {i + 2}") for i, row in enumerate(reader)]
     if not pods:
         raise InvalidInput("--trace", f"{path} holds no GPU pod")
+    seen: set[str] = set()
+    for pod in pods:
+        if pod.name in seen:
+            raise InvalidInput("--trace", f"two pods are named {pod.name!r}")
+        seen.add(pod.name)
     pods.sort(key=lambda p: (p.arrival_s, p.name))
     return pods
 

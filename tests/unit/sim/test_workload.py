@@ -75,6 +75,10 @@ def test_the_simple_csv_and_json_formats(tmp_path: Path) -> None:
         ("arrival_s,duration_s,profile,count\n0,10,1g.10gb,0\n", "row 2.count: must be at least 1"),
         ("arrival_s,duration_s,profile,color\n0,10,1g.10gb,red\n", "row 2.color: unknown field"),
         ("arrival_s,duration_s,profile\n", "holds no GPU pod"),
+        (
+            "name,arrival_s,duration_s,profile\na,0,1,1g.10gb\na,1,1,1g.10gb\n",
+            "two pods are named 'a'",
+        ),
     ],
 )
 def test_bad_trace_rows_are_named(tmp_path: Path, text: str, message: str) -> None:
