@@ -1,4 +1,5 @@
-"""`migpart operator | agent | plan | demo | testbed`: one entry point, one module per command.
+"""`migpart operator | agent | plan | simulate | demo | testbed`: one entry point, one module per
+command.
 
 Each command lives in `migpart.commands.<name>` and exposes `main(argv) -> int`; it is imported
 only when chosen, so `migpart plan` does not load kopf or NVML.
@@ -13,6 +14,7 @@ COMMANDS = {
     "operator": "run the operator (kopf) against the current kubeconfig",
     "agent": "run the node agent (real NVML, or --simulate MODEL:COUNT)",
     "plan": "plan offline: snapshot JSON in, plan JSON out",
+    "simulate": "replay a pod trace under static, first-fit, MIG-off and migpart policies",
     "demo": "local control plane, simulated GPU nodes, operator, agents and a trace replay",
     "testbed": "build or run the local Kubernetes control plane (hack/testbed)",
 }

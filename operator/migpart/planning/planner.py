@@ -49,6 +49,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
+from migpart.planning.bounds import search_cannot_improve
 from migpart.planning.classes import GpuClasses
 from migpart.planning.greedy import Greedy
 from migpart.planning.model import Plan, PolicyView, Request, Snapshot
@@ -116,6 +117,8 @@ def _plan(snapshot: Snapshot, requests: tuple[Request, ...], policy: PolicyView)
         if key < best_key:
             best, best_key, best_start = candidate, key, (other, strategy)
     if gpus > _SEARCH_GPUS or len(requests) > _SEARCH_REQUESTS:
+        return best
+    if search_cannot_improve(snapshot, requests, best):
         return best
     # ...and the local search over exactly packed nodes: from the best greedy plan, then from
     # scratch in each request order.
