@@ -102,7 +102,7 @@ def _allowed(bed: Testbed, account: str, verb: str, group: str, resource: str, s
 
 
 def _id(row: Row) -> str:
-    account, verb, group, resource, sub, allowed = row
+    account, verb, _group, resource, sub, allowed = row
     target = f"{resource}/{sub}" if sub else resource
     return f"{account.removeprefix('migpart-')}-{'may' if allowed else 'not'}-{verb}-{target}"
 
