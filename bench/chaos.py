@@ -9,13 +9,16 @@ prepared on their nodes by the demo's stand-in kubelet. On a seeded schedule it 
   destroy under way), then a restart 1-3 s later;
 - operator-kill: SIGKILL of the operator inside the destroy protocol's window (a device the
   spec still lists is withdrawn from the slice), then a restart;
+- apiserver-restart, etcd-restart: the component SIGKILLed, down 1-3 s, started again with
+  its data;
 - claim-delete: a pending pod and its claim deleted while the operator plans for them;
 - second-writer: another writer rewrites a MigNode spec's planId (the layout unchanged);
+- sabotage (only when asked for, a check of the monitor): an instance in use removed from
+  its GPU behind the agent's back, as a buggy agent would; the monitor must count it;
 - nvml: INSUFFICIENT_RESOURCES on create, IN_USE on destroy and TIMEOUT, injected by the
   simulator at `--nvml-faults` rates (counted from the agents' logs).
 
-Not covered: kube-apiserver and etcd restarts, GPU_IS_LOST (the simulator has it: `lost=`),
-and a Node deleted mid-spec.
+Not covered: GPU_IS_LOST (the simulator has it: `lost=`) and a Node deleted mid-spec.
 
 An invariant monitor reads the API server, the agents' checkpoints and the simulated GPUs'
 state every second and counts:
@@ -74,7 +77,17 @@ spec:
   nodeSelector: {matchLabels: {migpart.io/chaos: "true"}}
   reconfiguration: {batchWindowSeconds: 1, maxConcurrentNodes: 2}
 """
-FAULTS = ("agent-kill", "operator-kill", "claim-delete", "second-writer")
+FAULTS = (
+    "agent-kill",
+    "operator-kill",
+    "apiserver-restart",
+    "etcd-restart",
+    "claim-delete",
+    "second-writer",
+)
+# Not a fault migpart must survive but a check of the monitor: a buggy agent destroys an
+# instance in use (the monitor must count it).
+SELF_CHECKS = ("sabotage",)
 LEAK_S = 60.0
 STUCK_S = 120.0
 
@@ -91,16 +104,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--faults", default=",".join(FAULTS), help="kinds to inject")
     p.add_argument(
         "--nvml-faults",
-        default="create_insufficient=0.03,destroy_in_use=0.03,timeout=0.03",
+        default="create_insufficient=0.05,destroy_in_use=0.05,timeout=0.01",
         help="the agents' --sim-faults rates (the seed is added)",
     )
     p.add_argument("--sim-latency-ms", type=float, default=100.0)
     p.add_argument("--dir", type=Path, default=None, help="work dir (default: a temp dir)")
     args = p.parse_args(argv)
     kinds = [k for k in args.faults.split(",") if k]
-    unknown = sorted(set(kinds) - set(FAULTS))
+    unknown = sorted(set(kinds) - set(FAULTS) - set(SELF_CHECKS))
     if unknown:
-        p.error(f"--faults: unknown {', '.join(unknown)} (known: {', '.join(FAULTS)})")
+        known = ", ".join(FAULTS + SELF_CHECKS)
+        p.error(f"--faults: unknown {', '.join(unknown)} (known: {known})")
     if args.nodes < 1 or args.duration <= 0 or args.fault_every <= 0:
         p.error("--nodes, --duration and --fault-every must be positive")
     args.kinds = kinds
@@ -143,6 +157,34 @@ def _device(node: str, gpu: int, profile: str, start: int) -> str:
     return DeviceId.of(node, gpu, profile, start).device
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    """A state file the agent writes atomically (missing: empty)."""
+    try:
+        raw: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    return raw
+
+
+def _spec_devices(name: str, body: dict[str, Any]) -> set[str]:
+    """The devices a MigNode's spec wants (`pool/device`)."""
+    spec = MigNodeSpec.model_validate(body.get("spec") or {})
+    return {
+        f"{name}/{_device(name, gpu, i.profile, i.start)}"
+        for gpu, instances in spec.desired().items()
+        for i in instances
+    }
+
+
+def _status_devices(name: str, body: dict[str, Any]) -> set[str]:
+    """The instances a MigNode's status reports (`pool/device`)."""
+    return {
+        f"{name}/{_device(name, gpu['index'], i['profile'], i['start'])}"
+        for gpu in (body.get("status") or {}).get("gpus", [])
+        for i in gpu.get("instances", [])
+    }
+
+
 class Chaos:
     def __init__(self, args: argparse.Namespace, cluster: LocalCluster, api: Any) -> None:
         self.args = args
@@ -170,7 +212,11 @@ class Chaos:
     async def create(self, trace: TracePod) -> None:
         name = trace.name.lower()
         body: Any = pod_body(name, template_name(trace.profile, trace.count))
-        await self.core.create_namespaced_pod(NAMESPACE, body)
+        try:
+            await self.core.create_namespaced_pod(NAMESPACE, body)
+        except client.ApiException as err:
+            if err.status != 409:  # 409: an earlier try did create it
+                raise
         self.pods[name] = Pod(trace, time.monotonic())
         self.c.total.add(name)
 
@@ -250,11 +296,7 @@ class Chaos:
 
     @staticmethod
     def _prepared(name: str, node_dir: Path) -> set[str]:
-        path = node_dir / "state" / "checkpoint.json"
-        try:
-            raw = json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return set()
+        raw = _read_json(node_dir / "state" / "checkpoint.json")
         return {
             f"{name}/{_device(name, d['gpu'], d['profile'], d['start'])}"
             for c in raw.get("claims", {}).values()
@@ -264,11 +306,7 @@ class Chaos:
     @staticmethod
     def _gpu_instances(name: str, node_dir: Path) -> set[str]:
         """What the node's (simulated) GPUs hold, whatever the agent says."""
-        path = node_dir / "state" / "simulated-nvml.json"
-        try:
-            raw = json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return set()
+        raw = _read_json(node_dir / "state" / "simulated-nvml.json")
         return {
             f"{name}/{_device(name, int(gpu), i['profile'], i['start'])}"
             for gpu, instances in raw.items()
@@ -277,15 +315,7 @@ class Chaos:
 
     def _leaks(self, name: str, on_gpu: set[str], now: float) -> None:
         body = self.mignodes.get(name) or {}
-        spec = MigNodeSpec.model_validate(body.get("spec") or {})
-        known = {
-            f"{name}/{_device(name, gpu, i.profile, i.start)}"
-            for gpu, instances in spec.desired().items()
-            for i in instances
-        }
-        for gpu in (body.get("status") or {}).get("gpus", []):
-            for i in gpu.get("instances", []):
-                known.add(f"{name}/{_device(name, gpu['index'], i['profile'], i['start'])}")
+        known = _spec_devices(name, body) | _status_devices(name, body)
         for device in on_gpu - known:
             since = self.leaky_since.setdefault(device, now)
             if now - since > LEAK_S:
@@ -307,17 +337,7 @@ class Chaos:
     def _in_destroy_window(self) -> bool:
         """A device the spec still lists and the GPU holds is missing from the slice."""
         for name, body in self.mignodes.items():
-            spec = MigNodeSpec.model_validate(body.get("spec") or {})
-            wanted = {
-                f"{name}/{_device(name, gpu, i.profile, i.start)}"
-                for gpu, instances in spec.desired().items()
-                for i in instances
-            }
-            ready = {
-                f"{name}/{_device(name, gpu['index'], i['profile'], i['start'])}"
-                for gpu in (body.get("status") or {}).get("gpus", [])
-                for i in gpu.get("instances", [])
-            }
+            wanted, ready = _spec_devices(name, body), _status_devices(name, body)
             if (wanted & ready) - self.slices.get(name, set()):
                 return True
         return False
@@ -346,6 +366,15 @@ class Chaos:
             self.c.notes.append(f"operator-kill ({'in window' if inside else 'outside'})")
             await asyncio.sleep(self.rng.uniform(1.0, 3.0))
             self.cluster.start_operator()
+        elif kind in ("apiserver-restart", "etcd-restart"):
+            name = "kube-apiserver" if kind == "apiserver-restart" else "etcd"
+            down_s = self.rng.uniform(1.0, 3.0)
+            await asyncio.to_thread(self.cluster.testbed.restart, name, down_s)
+            self.c.notes.append(f"{kind} (down {down_s:.1f} s)")
+        elif kind == "sabotage":
+            if not await self._wait_for(lambda: bool(self._held()), 60.0):
+                return
+            await self._sabotage(self.rng.choice(sorted(self._held())))
         elif kind == "claim-delete":
             pending = sorted(
                 n for n, p in self.pods.items() if p.started is None and n not in self.deleted
@@ -371,11 +400,38 @@ class Chaos:
             self.c.notes.append(f"second-writer {node}")
         self.c.faults[kind] += 1
 
+    def _held(self) -> set[str]:
+        """Instances on a GPU that a claim or a checkpoint holds."""
+        return {d for devices in self.on_gpu.values() for d in devices if d in self.in_use}
+
+    async def _sabotage(self, device: str) -> None:
+        """What a buggy agent would do: the instance goes from its GPU while in use."""
+        node = device.split("/", 1)[0]
+        self.cluster.kill_agent(node)
+        path = self.cluster.nodes[node].dir / "state" / "simulated-nvml.json"
+        saved = json.loads(path.read_text())
+        kept = {
+            gpu: [
+                i
+                for i in held
+                if f"{node}/{_device(node, int(gpu), i['profile'], i['start'])}" != device
+            ]
+            for gpu, held in saved.items()
+        }
+        path.write_text(json.dumps(kept))
+        self.cluster.restart_agent(node)
+        self.c.notes.append(f"sabotage {device}")
+
     async def faults(self, until: float) -> None:
         while time.monotonic() < until:
             await asyncio.sleep(self.rng.expovariate(1.0 / self.args.fault_every))
             if self.args.kinds and time.monotonic() < until:
-                await self.inject(self.rng.choice(self.args.kinds))
+                kind = self.rng.choice(self.args.kinds)
+                try:
+                    await self.inject(kind)
+                except (client.ApiException, aiohttp.ClientError, TimeoutError) as err:
+                    # the API server is down (another fault): this one is not injected
+                    self.c.notes.append(f"{kind} not injected: {type(err).__name__}")
 
     # ------------------------------------------------------------------ run
 
@@ -388,8 +444,13 @@ class Chaos:
         while True:
             now = time.monotonic()
             while queue and start + queue[0].created_s <= now:
-                await self.create(queue.pop(0))
-            await self.drive()
+                try:
+                    await self.create(queue[0])
+                except (client.ApiException, aiohttp.ClientError, TimeoutError):
+                    break  # the API server is restarting: create it on the next pass
+                queue.pop(0)
+            with contextlib.suppress(client.ApiException, aiohttp.ClientError, TimeoutError):
+                await self.drive()
             await self.monitor()
             waiting = self.c.total - self.c.served
             if now - last_report > 10:
