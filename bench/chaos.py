@@ -12,13 +12,15 @@ prepared on their nodes by the demo's stand-in kubelet. On a seeded schedule it 
 - apiserver-restart, etcd-restart: the component SIGKILLed, down 1-3 s, started again with
   its data;
 - claim-delete: a pending pod and its claim deleted while the operator plans for them;
+- node-delete: a Node deleted while its spec is carried out (the garbage collector takes its
+  MigNode and slice; the agent makes the MigNode again), and made again 2-4 s later;
 - second-writer: another writer rewrites a MigNode spec's planId (the layout unchanged);
 - sabotage (only when asked for, a check of the monitor): an instance in use removed from
   its GPU behind the agent's back, as a buggy agent would; the monitor must count it;
 - nvml: INSUFFICIENT_RESOURCES on create, IN_USE on destroy and TIMEOUT, injected by the
   simulator at `--nvml-faults` rates (counted from the agents' logs).
 
-Not covered: GPU_IS_LOST (the simulator has it: `lost=`) and a Node deleted mid-spec.
+Not covered: GPU_IS_LOST (the simulator has it: `lost=`).
 
 An invariant monitor reads the API server, the agents' checkpoints and the simulated GPUs'
 state every second and counts:
@@ -84,6 +86,7 @@ FAULTS = (
     "etcd-restart",
     "claim-delete",
     "second-writer",
+    "node-delete",
 )
 # Not a fault migpart must survive but a check of the monitor: a buggy agent destroys an
 # instance in use (the monitor must count it).
@@ -371,6 +374,15 @@ class Chaos:
             down_s = self.rng.uniform(1.0, 3.0)
             await asyncio.to_thread(self.cluster.testbed.restart, name, down_s)
             self.c.notes.append(f"{kind} (down {down_s:.1f} s)")
+        elif kind == "node-delete":
+            busy = await self._wait_for(self._reconfiguring, 15.0)
+            node = self.rng.choice(self._reconfiguring() if busy else sorted(self.cluster.nodes))
+            testbed = self.cluster.testbed
+            await asyncio.to_thread(testbed.kubectl, "delete", "node", node, "--wait=false")
+            self.c.notes.append(f"node-delete {node} ({'mid-spec' if busy else 'idle'})")
+            await asyncio.sleep(self.rng.uniform(2.0, 4.0))
+            labels = {"nvidia.com/mig.capable": "true", **LABELS}
+            await asyncio.to_thread(testbed.add_node, node, labels)
         elif kind == "sabotage":
             if not await self._wait_for(lambda: bool(self._held()), 60.0):
                 return
