@@ -529,11 +529,12 @@ def main(argv: list[str]) -> int:
         testbed.stop()
     chaos.c.faults.update(nvml_faults(cluster))
     print("faults by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(chaos.c.faults.items())))
-    where = Counter(n for n in chaos.c.notes if n.startswith(("agent-kill", "operator-kill")))
-    kills = Counter(
-        n.split(" (")[0].split()[0] + " (" + n.split(" (")[-1] for n in where.elements()
+    # where the timed faults landed: "agent-kill (mid-spec)", "operator-kill (in window)", ...
+    timed = ("agent-kill", "operator-kill", "node-delete")
+    where = Counter(
+        f"{n.split()[0]} ({n.rsplit(' (', 1)[-1]}" for n in chaos.c.notes if n.startswith(timed)
     )
-    print("kills: " + (", ".join(f"{k} {n}" for k, n in sorted(kills.items())) or "none"))
+    print("timing: " + (", ".join(f"{k} {n}" for k, n in sorted(where.items())) or "none"))
     for kind in ("destroyed_in_use", "leaked", "stuck", "double_allocated"):
         if getattr(chaos.c, kind):
             print(f"{kind}: {sorted(getattr(chaos.c, kind))}")
