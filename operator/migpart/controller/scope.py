@@ -225,7 +225,7 @@ class ScopeCache:
             problem = screening.node_problem(node)
         except ValidationError as error:
             first = error.errors()[0]
-            problem = f"status invalid at {'.'.join(map(str, first['loc']))}: {first['msg']}"
+            problem = f"invalid at {'.'.join(map(str, first['loc']))}: {first['msg']}"
         if problem is not None:
             log.warning("mignode_excluded", node=name, reason=problem)
             self.excluded[name] = problem

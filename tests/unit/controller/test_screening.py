@@ -218,3 +218,15 @@ def test_the_count_bound_never_refuses_what_a_node_can_hold() -> None:
             )
             got = oversized(scope, {"ns/c": {"metadata": {"name": "c", "namespace": "ns"}}})
             assert (got.demand.requests == (request,)) is kept, (profile.name, count)
+
+
+async def test_a_status_that_fails_the_schema_is_left_out_naming_the_field() -> None:
+    body = mignode("broken", 1, gpus=[gpu(0)])
+    body["status"]["gpus"][0]["index"] = -1
+    nodes = {"broken": body, "good": mignode("good", 1, gpus=[gpu(0)])}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    await run(state, world(nodes, [claim("c1", "3g.40gb")]))
+    assert [node for node, _ in effects.specs] == ["good"]
+    excluded = next(c for c in effects.statuses[-1][1].conditions if c.type == "NodesExcluded")
+    assert "broken: invalid at status.gpus.0.index: " in excluded.message
