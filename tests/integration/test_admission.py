@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from migpart.api.leases import LEASE_NAMESPACE, lease_name
 from migpart.testbed import Testbed
 from tests.integration.conftest import eventually, gpu_status
 
@@ -148,3 +149,32 @@ def test_policy_does_not_bind_the_operator(installed: Testbed, tokens: dict[str,
         spec = {"spec": {"planId": "adm-test", "gpus": []}}
         code, body = _call(installed, operator, "PATCH", f"{MIGNODES}/{node}", spec)
         assert code == 200, body
+
+
+def _lease(holder_node: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": LEASE_NAMESPACE},
+        "spec": {"holderIdentity": holder_node, "leaseDurationSeconds": 40},
+    }
+
+
+def test_agent_renews_only_its_own_nodes_lease(installed: Testbed, tokens: dict[str, str]) -> None:
+    """A compromised agent cannot keep another node looking alive (or let it look dead)."""
+    a, b = NODES
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases"
+    for node in NODES:
+        installed.kubectl(
+            "delete", "lease", lease_name(node), "-n", LEASE_NAMESPACE, "--ignore-not-found"
+        )
+    code, body = _call(installed, tokens[a], "POST", leases, _lease(a, lease_name(a)))
+    assert code == 201, body
+    message = _forbidden(_call(installed, tokens[a], "POST", leases, _lease(a, lease_name(b))))
+    assert f"may write only Lease {lease_name(a)}, not {lease_name(b)}" in message
+    assert _call(installed, tokens[b], "POST", leases, _lease(b, lease_name(b)))[0] == 201
+    current = json.loads(
+        installed.kubectl("get", "lease", lease_name(b), "-n", LEASE_NAMESPACE, "-o", "json")
+    )
+    message = _forbidden(_call(installed, tokens[a], "PUT", f"{leases}/{lease_name(b)}", current))
+    assert f"not {lease_name(b)}" in message

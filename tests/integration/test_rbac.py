@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from migpart.api.leases import LEASE_NAMESPACE
 from migpart.testbed import Testbed
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,7 @@ NAMESPACE = "migpart-system"
 OPERATOR = "migpart-operator"
 AGENT = "migpart-agent"
 
-# (service account, verb, group, resource, subresource, allowed)
+# (service account, verb, group, resource, subresource, allowed), cluster-wide
 Row = tuple[str, str, str, str, str, bool]
 
 OPERATOR_ROWS: list[Row] = [
@@ -46,7 +47,7 @@ OPERATOR_ROWS: list[Row] = [
     (OPERATOR, "create", "migpart.io", "gpupartitionpolicies", "", False),
     (OPERATOR, "patch", "migpart.io", "gpupartitionpolicies", "", False),
     (OPERATOR, "delete", "migpart.io", "gpupartitionpolicies", "", False),
-    (OPERATOR, "patch", "migpart.io", "mignodes", "status", False),
+    (OPERATOR, "patch", "migpart.io", "mignodes", "status", True),  # the Stale condition
     (OPERATOR, "delete", "migpart.io", "mignodes", "", False),
     (OPERATOR, "create", "rbac.authorization.k8s.io", "clusterrolebindings", "", False),
     (OPERATOR, "patch", "", "nodes", "", False),
@@ -81,8 +82,34 @@ AGENT_ROWS: list[Row] = [
 ]
 
 
-def _allowed(bed: Testbed, account: str, verb: str, group: str, resource: str, sub: str) -> bool:
+# (service account, verb, resource, allowed) on coordination.k8s.io Leases in each namespace
+LEASE_ROWS = [
+    (AGENT, "create", LEASE_NAMESPACE, True),
+    (AGENT, "update", LEASE_NAMESPACE, True),
+    (AGENT, "delete", LEASE_NAMESPACE, False),
+    (AGENT, "list", LEASE_NAMESPACE, False),
+    (AGENT, "update", "kube-system", False),  # leader-election Leases of the control plane
+    (AGENT, "create", "default", False),
+    (OPERATOR, "list", LEASE_NAMESPACE, True),
+    (OPERATOR, "watch", LEASE_NAMESPACE, True),
+    (OPERATOR, "update", LEASE_NAMESPACE, False),
+    (OPERATOR, "create", LEASE_NAMESPACE, False),
+    (OPERATOR, "update", "kube-system", False),
+]
+
+
+def _allowed(
+    bed: Testbed,
+    account: str,
+    verb: str,
+    group: str,
+    resource: str,
+    sub: str,
+    namespace: str = "",
+) -> bool:
     attributes = {"verb": verb, "group": group, "resource": resource, "subresource": sub}
+    if namespace:
+        attributes["namespace"] = namespace
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SubjectAccessReview",
@@ -113,15 +140,26 @@ def test_service_account_may_exactly(installed: Testbed, row: Row) -> None:
     assert _allowed(installed, account, verb, group, resource, sub) is allowed
 
 
+@pytest.mark.parametrize(
+    "row", LEASE_ROWS, ids=lambda r: f"{r[0].removeprefix('migpart-')}-{r[1]}-leases-in-{r[2]}"
+)
+def test_lease_rights_are_in_kube_node_lease_only(
+    installed: Testbed, row: tuple[str, str, str, bool]
+) -> None:
+    account, verb, namespace, allowed = row
+    got = _allowed(installed, account, verb, "coordination.k8s.io", "leases", "", namespace)
+    assert got is allowed
+
+
 @pytest.mark.parametrize("account", [OPERATOR, AGENT])
-def test_service_accounts_hold_no_namespaced_role(installed: Testbed, account: str) -> None:
-    """Everything they may do comes from their own ClusterRole: no RoleBinding in any
-    namespace (a Secret reader could hide there) names them."""
+def test_service_accounts_hold_only_the_lease_role(installed: Testbed, account: str) -> None:
+    """Besides their ClusterRole, the one namespaced binding naming them is the Lease one in
+    kube-node-lease (a Secret reader could hide in another)."""
     bindings = json.loads(installed.kubectl("get", "rolebindings", "-A", "-o", "json"))["items"]
     named = [
-        b["metadata"]["name"]
+        (b["metadata"]["namespace"], b["roleRef"]["name"])
         for b in bindings
         for s in b.get("subjects") or []
         if s.get("kind") == "ServiceAccount" and s.get("name") == account
     ]
-    assert named == []
+    assert [ns for ns, _ in named] == [LEASE_NAMESPACE]
