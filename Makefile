@@ -6,13 +6,14 @@ PY := $(VENV)/bin/python
 # The Go testbed binary is cached outside the repo, keyed by hack/testbed/go.sum.
 export MIGPART_CACHE ?= $(HOME)/.cache/migpart
 
-.PHONY: help venv proto testbed check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale demo clean
+.PHONY: help venv proto testbed check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean
 
 help:
 	@echo "make demo   - local control plane, simulated H100 nodes, operator + agents, trace replay"
 	@echo "make test   - install, build the testbed (cached), run unit, integration and e2e tests"
 	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter"
 	@echo "make bench  - planner benchmark (bench/planner.py)"
+	@echo "make chaos  - faults (agent/operator kills, NVML failures, ...) under a pod stream (bench/chaos.py)"
 	@echo "make bench-scale - end to end on the testbed at 100, 300, 1,000 simulated nodes (bench/scale.py)"
 
 $(VENV)/.installed: pyproject.toml
@@ -67,6 +68,11 @@ bench: venv
 # End to end at scale on the testbed: minutes per size (see bench/scale.py).
 bench-scale: venv proto testbed
 	$(PY) bench/scale.py --sizes 100,300,1000
+
+# Faults on a seeded schedule with an invariant monitor (bench/chaos.py); the soak:
+# make chaos ARGS="--duration 1200"
+chaos: venv proto testbed
+	$(PY) bench/chaos.py $(ARGS)
 
 demo: venv proto testbed
 	$(PY) -m migpart.cli demo $(ARGS)

@@ -285,6 +285,15 @@ def cluster(testbed: Testbed) -> Testbed:
     return testbed
 
 
+@pytest.fixture(scope="package")
+def installed(cluster: Testbed) -> Testbed:
+    """The cluster with migpart's namespace, service accounts, RBAC and admission policy from
+    manifests/ (no workloads: the tests act as the service accounts with their tokens)."""
+    for name in ("namespace", "operator-rbac", "agent-rbac", "agent-admission"):
+        cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "manifests" / f"{name}.yaml"))
+    return cluster
+
+
 @dataclass
 class RunningOperator:
     """An operator on its own loop in a thread; `hooks` expose its protocol steps."""

@@ -77,3 +77,15 @@ def test_extra_user_audit_log_and_component_flags(tmp_path: Path) -> None:
         entries = [json.loads(line) for line in audit.read_text().splitlines()]
         assert entries
         assert {e["user"]["username"] for e in entries} == {"bench"}
+
+
+@pytest.mark.parametrize("component", ["etcd", "kube-apiserver"])
+def test_a_component_restarts_with_its_data(tmp_path: Path, component: str) -> None:
+    """What the chaos harness does to the control plane: a crash, then the same component
+    with the same data (an object written before is still there)."""
+    bed = Testbed(tmp_path / "bed")
+    with bed.running():
+        bed.kubectl("create", "namespace", "survives")
+        bed.restart(component, down_s=1.0)
+        assert "survives" in bed.kubectl("get", "namespace", "survives", "-o", "name")
+        bed.check_alive()

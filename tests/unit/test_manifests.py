@@ -45,6 +45,8 @@ KNOWN_KINDS = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
     ("resource.k8s.io/v1", "DeviceClass"),
     ("resource.k8s.io/v1", "ResourceClaim"),
@@ -66,6 +68,8 @@ INSTALLED_KINDS = {
     "Deployment": 1,
     "DaemonSet": 1,
     "Service": 1,
+    "ValidatingAdmissionPolicy": 1,
+    "ValidatingAdmissionPolicyBinding": 1,
 }
 
 # (apiGroup, resource, verb) for every API call of the operator, with where it comes from.
@@ -272,6 +276,8 @@ def test_namespaced_objects_live_in_migpart_system() -> None:
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     for doc in installed():
         if doc["kind"] in ("Role", "RoleBinding"):  # the node Leases' namespace
@@ -546,3 +552,15 @@ def test_docs_explain_every_event_reason(doc: str) -> None:
     }
     text = (ROOT / "docs" / doc).read_text()
     assert not {r for r in reasons if r not in text}, doc
+
+
+def test_admission_policy_names_the_agents_service_account() -> None:
+    """The policy's match condition is the agent's user name: a renamed service account or
+    namespace would silently switch the policy off (tests/integration/test_admission.py checks
+    what it does on a real API server)."""
+    (policy,) = of_kind("ValidatingAdmissionPolicy")
+    (binding,) = of_kind("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f'"system:serviceaccount:{NAMESPACE}:{AGENT_SA}"' in condition["expression"]

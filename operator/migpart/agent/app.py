@@ -20,7 +20,7 @@ from migpart.agent.kube import KubeMigNodes
 from migpart.agent.lease import NodeLease
 from migpart.agent.metrics import AgentMetrics, HealthServer
 from migpart.agent.runner import Agent
-from migpart.agent.simulator import SimulatedNvml
+from migpart.agent.simulator import SimFaults, SimulatedNvml
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
 from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 
@@ -37,6 +37,7 @@ class AgentConfig:
     node: str
     simulate: list[tuple[str, int]] | None = None
     sim_latency_s: float = 0.0
+    sim_faults: SimFaults | None = None
     state_dir: Path = Path("/var/lib/migpart")
     cdi_dir: Path = Path("/var/run/cdi")
     plugin_dir: Path = KUBELET_PLUGIN_DIR
@@ -61,7 +62,14 @@ def _caps_root(config: AgentConfig) -> Path | None:
 
 async def open_backend(config: AgentConfig) -> NvmlBackend:
     if config.simulate is not None:
-        return SimulatedNvml(config.simulate, node=config.node, latency_s=config.sim_latency_s)
+        # The simulated GPUs' instances outlive the process, as a real GPU's do.
+        return SimulatedNvml(
+            config.simulate,
+            node=config.node,
+            latency_s=config.sim_latency_s,
+            state_path=config.state_dir / "simulated-nvml.json",
+            faults=config.sim_faults,
+        )
     from migpart.agent.nvml import RealNvml
 
     return await RealNvml.open()

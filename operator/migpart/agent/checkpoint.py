@@ -57,6 +57,9 @@ class Checkpoint:
         self.path = path
         self.lock = asyncio.Lock()
         self._claims: dict[str, PreparedClaim] = {}
+        # The state directory is the agent's own: only root on the node reads which claims run
+        # where (a hostPath that kubelet created 0755 is narrowed here).
+        owner_only_dir(path.parent)
         self.load()
 
     def load(self) -> None:
@@ -121,8 +124,17 @@ class Checkpoint:
         atomic_write(self.path, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
+def owner_only_dir(path: Path) -> None:
+    """Create `path` (and its parents) if missing and make it 0700."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
 def atomic_write(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that readers and crashes see old or new, never half."""
+    """Replace `path` with `text` so that readers and crashes see old or new, never half.
+
+    The file is owner-only (0600): mkstemp creates it so, and the rename keeps its mode.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -15,6 +15,7 @@ Both calls are idempotent: kubelet retries them and calls them again after resta
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,12 @@ import grpc
 import structlog
 
 from migpart.agent.cdi import CdiDevice, CdiWriter, cdi_id, cdi_name
-from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from migpart.agent.checkpoint import (
+    Checkpoint,
+    PreparedClaim,
+    PreparedDevice,
+    owner_only_dir,
+)
 from migpart.agent.claims import ClaimNotFound, ClaimSource
 from migpart.agent.proto import (
     dra_v1_pb2,
@@ -249,10 +255,20 @@ class KubeletPlugin:
         reg = grpc.aio.server()
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
         # The registration socket goes last: once kubelet sees it, the endpoint must answer.
+        # Both sockets are owner-only (0600): whoever can connect can prepare claims. The
+        # plugin directory is the driver's own (0700); the registration directory is shared
+        # with other plugins, so its mode is left alone and the umask covers the instant
+        # between bind and chmod.
+        owner_only_dir(self.plugin_socket.parent)
+        self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
         for server, socket in ((dra, self.plugin_socket), (reg, self.registration_socket)):
-            socket.parent.mkdir(parents=True, exist_ok=True)
             socket.unlink(missing_ok=True)  # a stale socket from a previous run
-            server.add_insecure_port(f"unix://{socket}")
+            umask = os.umask(0o077)
+            try:
+                server.add_insecure_port(f"unix://{socket}")
+            finally:
+                os.umask(umask)
+            os.chmod(socket, 0o600)
             await server.start()
             self._servers.append(server)
         log.info(

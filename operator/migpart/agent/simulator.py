@@ -8,22 +8,36 @@ running processes fails with NVML_ERROR_IN_USE, a missing instance is NVML_ERROR
 Errors are raised as the real `pynvml.NVMLError` subclasses and mapped exactly as the real
 backend maps them. MIG UUIDs are deterministic (uuid5 of the GPU UUID and GI id) so restarts
 and tests see stable identities.
+
+With `state_path` the GPUs' instances are kept in a file, as a real GPU keeps them when the
+agent process dies: a restarted agent finds what the killed one left, half-made instances
+included. `SimFaults` injects the failures real drivers show, on a seeded schedule, for the
+chaos harness (bench/chaos.py): INSUFFICIENT_RESOURCES on create, IN_USE on destroy, TIMEOUT
+(half of them after the operation took effect, as a driver that answers too late), and GPUs
+that are lost (GPU_IS_LOST: gone from the node's list, every call on them fails).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import pynvml
+import structlog
 
-from migpart.agent.backend import GpuInfo, MigInstance, map_nvml_error
+from migpart.agent.backend import NVML_ERROR_NAMES, GpuInfo, MigInstance, map_nvml_error
+from migpart.agent.checkpoint import atomic_write
 from migpart.mig import CATALOG, Instance, ModelTable, layout_problems
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
+
+log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
 
@@ -49,6 +63,43 @@ def parse_simulate(spec: str) -> list[tuple[str, int]]:
     if not out:
         raise ValueError("--simulate: expected MODEL:COUNT[,MODEL:COUNT]")
     return out
+
+
+@dataclass(frozen=True)
+class SimFaults:
+    """Rates (0..1, per call) of injected NVML failures, a seed, and the lost GPUs."""
+
+    create_insufficient: float = 0.0
+    destroy_in_use: float = 0.0
+    timeout: float = 0.0
+    lost: frozenset[int] = frozenset()
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> SimFaults:
+        """`"create_insufficient=0.05,destroy_in_use=0.05,timeout=0.02,lost=3+5,seed=7"`."""
+        rates: dict[str, float] = {}
+        lost: frozenset[int] = frozenset()
+        seed = 0
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = part.partition("=")
+            try:
+                if key == "lost" and sep:
+                    lost = frozenset(int(i) for i in value.split("+") if i)
+                elif key == "seed" and sep:
+                    seed = int(value)
+                elif key in ("create_insufficient", "destroy_in_use", "timeout") and sep:
+                    rates[key] = float(value)
+                    if not 0.0 <= rates[key] <= 1.0:
+                        raise ValueError
+                else:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(
+                    f"--sim-faults: bad entry {part!r} (expected create_insufficient=RATE,"
+                    " destroy_in_use=RATE, timeout=RATE with RATE in 0..1, lost=I+J, seed=N)"
+                ) from None
+        return cls(lost=lost, seed=seed, **rates)
 
 
 @dataclass
@@ -91,8 +142,13 @@ class SimulatedNvml:
         node: str = "sim",
         latency_s: float = 0.0,
         mig_enabled: bool = True,
+        state_path: Path | None = None,
+        faults: SimFaults | None = None,
     ) -> None:
         self.latency_s = latency_s
+        self.state_path = state_path
+        self.faults = faults or SimFaults()
+        self._rng = random.Random(f"{node}/{self.faults.seed}")
         self._gpus: list[_SimGpu] = []
         for model, count in models:
             for _ in range(count):
@@ -103,6 +159,8 @@ class SimulatedNvml:
         self._processes: dict[str, set[int]] = {}
         self._fail_next: dict[str, int] = {}
         self.calls: list[str] = []  # mutating calls, in order (for tests)
+        self.injected: list[str] = []  # injected faults, in order
+        self._load()
 
     # ------------------------------------------------------------------ test hooks
 
@@ -123,12 +181,13 @@ class SimulatedNvml:
         self._check_fits(g, profile, start)
         gi_id = self._free_gi_id(g)
         g.gis[gi_id] = _SimGi(profile, start, gi_id, None)
+        self._save()
         return gi_id
 
     # ------------------------------------------------------------------ NvmlBackend
 
     async def gpus(self) -> list[GpuInfo]:
-        return [g.info for g in self._gpus]
+        return [g.info for g in self._gpus if g.info.index not in self.faults.lost]
 
     async def profile_table(self, gpu: int) -> ModelTable:
         return self._mapped("GetGpuInstanceProfileInfo", lambda: self._gpu(gpu).table)
@@ -138,6 +197,7 @@ class SimulatedNvml:
 
         def listing() -> list[MigInstance]:
             g = self._gpu(gpu)
+            self._maybe_inject("instances", timeout=True)
             return sorted((self._record(g, gi) for gi in g.gis.values()), key=lambda m: m.start)
 
         return self._mapped("GetGpuInstances", listing)
@@ -148,6 +208,7 @@ class SimulatedNvml:
         def create() -> MigInstance:
             g = self._gpu(gpu)
             self._maybe_fail("create_gi")
+            self._maybe_inject("create", insufficient=True, timeout=True)
             self._check_fits(g, profile, start)
             gi_id = self._free_gi_id(g)
             gi = _SimGi(profile, start, gi_id, None)
@@ -161,6 +222,8 @@ class SimulatedNvml:
                 raise
             gi.ci_id = 0
             self.calls.append(f"create_ci {gpu} {profile}@{start}")
+            self._save()
+            self._maybe_inject("create", late_timeout=True)
             return self._record(g, gi)
 
         return self._mapped(f"create {profile}@{start} on GPU {gpu}", create)
@@ -172,6 +235,7 @@ class SimulatedNvml:
             g = self._gpu(gpu)
             gi = self._find(g, profile, start)
             self._maybe_fail("destroy")
+            self._maybe_inject("destroy", in_use=True, timeout=True)
             if gi.ci_id is not None:
                 if self._processes.get(mig_uuid(g.info.uuid, gi.gi_id)):
                     raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)
@@ -179,6 +243,8 @@ class SimulatedNvml:
                 self.calls.append(f"destroy_ci {gpu} {profile}@{start}")
             del g.gis[gi.gi_id]
             self.calls.append(f"destroy_gi {gpu} {profile}@{start}")
+            self._save()
+            self._maybe_inject("destroy", late_timeout=True)
 
         self._mapped(f"destroy {profile}@{start} on GPU {gpu}", destroy)
 
@@ -212,9 +278,57 @@ class SimulatedNvml:
         if code is not None:
             raise pynvml.NVMLError(code)
 
+    def _maybe_inject(
+        self,
+        op: str,
+        *,
+        insufficient: bool = False,
+        in_use: bool = False,
+        timeout: bool = False,
+        late_timeout: bool = False,
+    ) -> None:
+        """Raise an injected failure of `op` at the configured rates. A timeout is drawn
+        before the operation (nothing happened) or after it (`late_timeout`: it did happen),
+        each at half the timeout rate."""
+        f = self.faults
+        draws = (
+            (insufficient, f.create_insufficient, pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES),
+            (in_use, f.destroy_in_use, pynvml.NVML_ERROR_IN_USE),
+            (timeout or late_timeout, f.timeout / 2, pynvml.NVML_ERROR_TIMEOUT),
+        )
+        for wanted, rate, code in draws:
+            if wanted and rate > 0 and self._rng.random() < rate:
+                name = NVML_ERROR_NAMES[code]
+                self.injected.append(f"{op} {name}")
+                log.warning("nvml_fault_injected", op=op, error=name, late=late_timeout)
+                raise pynvml.NVMLError(code)
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        body = {
+            str(g.info.index): [
+                {"profile": gi.profile, "start": gi.start, "gi": gi.gi_id, "ci": gi.ci_id}
+                for gi in sorted(g.gis.values(), key=lambda gi: gi.gi_id)
+            ]
+            for g in self._gpus
+        }
+        atomic_write(self.state_path, json.dumps(body, sort_keys=True) + "\n")
+
+    def _load(self) -> None:
+        """The instances a previous run left (a missing file: none)."""
+        if self.state_path is None or not self.state_path.exists():
+            return
+        saved = json.loads(self.state_path.read_text())
+        for g in self._gpus:
+            for gi in saved.get(str(g.info.index), []):
+                g.gis[gi["gi"]] = _SimGi(gi["profile"], gi["start"], gi["gi"], gi["ci"])
+
     def _gpu(self, index: int) -> _SimGpu:
         if not 0 <= index < len(self._gpus):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index in self.faults.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         g = self._gpus[index]
         if not g.info.mig_enabled:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)

@@ -14,7 +14,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from migpart import logs
 from migpart.agent.app import AgentConfig, serve
-from migpart.agent.simulator import parse_simulate
+from migpart.agent.simulator import SimFaults, parse_simulate
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
 from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 from migpart.kube.client import load_configuration
@@ -38,6 +38,14 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="simulated latency of every NVML operation",
+    )
+    p.add_argument(
+        "--sim-faults",
+        type=_sim_faults,
+        default=None,
+        metavar="KEY=VALUE[,...]",
+        help="inject simulated NVML failures: create_insufficient=RATE, destroy_in_use=RATE,"
+        " timeout=RATE (per call, 0..1), lost=GPU[+GPU], seed=N",
     )
     p.add_argument(
         "--state-dir", type=Path, default=Path("/var/lib/migpart"), help="checkpoint directory"
@@ -111,6 +119,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _sim_faults(text: str) -> SimFaults:
+    try:
+        return SimFaults.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def config_from(args: argparse.Namespace) -> AgentConfig:
     if not args.node_name:
         raise ValueError("--node-name (or $NODE_NAME) is required")
@@ -123,6 +138,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
         node=args.node_name,
         simulate=simulate,
         sim_latency_s=args.sim_latency_ms / 1000.0,
+        sim_faults=args.sim_faults,
         state_dir=args.state_dir,
         cdi_dir=args.cdi_dir,
         plugin_dir=args.plugin_dir,

@@ -23,6 +23,7 @@ from migpart.api.models import (
     GpuPartitionPolicy,
     LastPlan,
 )
+from migpart.controller import screening
 from migpart.controller.decisions import choose_nodes, layout_changes, node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
 from migpart.controller.indexes import with_own_writes
@@ -91,6 +92,9 @@ class PolicyRound:
         scope = self.scope()
         if policy is None or scope is None:
             return RoundResult()
+        scope = screening.oversized(scope, self.cluster.claims)
+        excluded = screening.excluded_for(policy, self.state.scopes.excluded, self.cluster)
+        self.warn_excluded(excluded)
         self.warn_unsatisfiable(scope.demand.unsatisfiable)
         self.state.metrics.pending_requests.labels(self.name).set(scope.demand.pending)
         result = RoundResult()
@@ -106,8 +110,8 @@ class PolicyRound:
                     # plan again on the specs this round already wrote, not on the ones the
                     # round started with: a node given a spec must not get a second one
                     self.cluster = with_own_writes(self.cluster, self.state.written)
-                    scope = self.scope() or scope
-        await self.write_status(scope, last_plan)
+                    scope = screening.oversized(self.scope() or scope, self.cluster.claims)
+        await self.write_status(scope, last_plan, excluded)
         self.deferred = result.deferred = deferred
         return result
 
@@ -246,9 +250,23 @@ class PolicyRound:
             self.effects.event(claim, "Warning", "Unsatisfiable", reason[:1000])
             self.log.warning("claim_unsatisfiable", claim=body_key(claim), reason=reason)
 
-    async def write_status(self, scope: Scope, last_plan: LastPlan | None) -> None:
+    def warn_excluded(self, excluded: Mapping[str, str]) -> None:
+        """Warning Event on each left-out MigNode, once per node and reason."""
+        for name, why in excluded.items():
+            key = (f"MigNode {name}: {why}", 0)
+            if key in self.state.warned:
+                continue
+            self.state.warned.add(key)
+            body = self.cluster.mignodes[name]
+            self.effects.event(body, "Warning", "NodeExcluded", f"not planned: {why}"[:1000])
+
+    async def write_status(
+        self, scope: Scope, last_plan: LastPlan | None, excluded: Mapping[str, str]
+    ) -> None:
         """Write the policy status if it changed since our last write."""
-        status = round_status(self.body, scope, last_plan, self.state.statuses.get(self.name))
+        status = round_status(
+            self.body, scope, last_plan, self.state.statuses.get(self.name), excluded
+        )
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         written = (uid_of(self.body), dumped)
         if self.state.statuses.get(self.name) == written:

@@ -35,6 +35,7 @@ import structlog
 from pydantic import ValidationError
 
 from migpart.api.models import GpuPartitionPolicy, MigNode
+from migpart.controller import screening
 from migpart.kube import demand
 from migpart.kube.claims import body_key
 from migpart.kube.placement import NodeFacts, NodeFilter, Placement
@@ -201,6 +202,8 @@ class ScopeCache:
         self._claims: dict[str, _ClaimEntry] = {}
         # how many claim outcomes were computed (not taken from the cache): for tests and bench
         self.computed = 0
+        # MigNodes left out of planning (controller.screening): name -> why
+        self.excluded: dict[str, str] = {}
 
     # ------------------------------------------------------------------ parsing
 
@@ -215,11 +218,17 @@ class ScopeCache:
         return view
 
     def _view(self, body: Body) -> NodeView | None:
+        name = str((body.get("metadata") or {}).get("name"))
+        self.excluded.pop(name, None)
         try:
             node = MigNode.model_validate(strip(body))
+            problem = screening.node_problem(node)
         except ValidationError as error:
-            name = (body.get("metadata") or {}).get("name")
-            log.warning("mignode_invalid", node=name, error=str(error.errors()[0]))
+            first = error.errors()[0]
+            problem = f"invalid at {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        if problem is not None:
+            log.warning("mignode_excluded", node=name, reason=problem)
+            self.excluded[name] = problem
             return None
         models: set[str] = set()
         tables: dict[str, ModelTable] = {}
@@ -277,6 +286,7 @@ class ScopeCache:
         )
         for gone in set(self._nodes) - set(cluster.mignodes):
             del self._nodes[gone]
+            self.excluded.pop(gone, None)
         world_nodes: dict[str, _WorldNode] = {}
         views: list[NodeView] = []
         by_policy: dict[str, list[NodeView]] = {}

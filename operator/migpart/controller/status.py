@@ -55,10 +55,32 @@ def _generation(body: Body) -> int:
     return int((body.get("metadata") or {}).get("generation") or 0)
 
 
+def excluded_condition(excluded: Mapping[str, str], previous: list[Condition]) -> Condition:
+    """`NodesExcluded`: True while nodes the selector matches are left out of planning
+    (controller/screening.py), naming each and why."""
+    old = next((c for c in previous if c.type == "NodesExcluded"), None)
+    status = "True" if excluded else "False"
+    message = "; ".join(f"{name}: {why}" for name, why in sorted(excluded.items()))
+    return Condition(
+        type="NodesExcluded",
+        status=status,
+        reason="InvalidNodeStatus" if excluded else "AllNodesSound",
+        message=(f"{len(excluded)} node(s) not planned: {message}" if excluded else "")[:4096],
+        last_transition_time=(
+            old.last_transition_time if old is not None and old.status == status else now_iso()
+        ),
+    )
+
+
 def round_status(
-    body: Body, scope: Scope, last_plan: LastPlan | None, written: Written | None
+    body: Body,
+    scope: Scope,
+    last_plan: LastPlan | None,
+    written: Written | None,
+    excluded: Mapping[str, str] | None = None,
 ) -> GpuPartitionPolicyStatus:
-    """The status after a round over `scope` (which planned `last_plan`, if any)."""
+    """The status after a round over `scope` (which planned `last_plan`, if any); `excluded`:
+    the policy's nodes left out of planning, and why."""
     previous = previous_status(body, written)
     if not scope.nodes and scope.unavailable:
         ready = ready_condition(
@@ -90,7 +112,11 @@ def round_status(
             UnavailableNode.model_validate({"name": name, "reason": reason})
             for name, reason in scope.unavailable[:MAX_LISTED_NODES]
         ],
-        conditions=[ready, *(c for c in previous.conditions if c.type != "Ready")],
+        conditions=[
+            ready,
+            excluded_condition(excluded or {}, previous.conditions),
+            *(c for c in previous.conditions if c.type not in ("Ready", "NodesExcluded")),
+        ],
     )
 
 

@@ -6,7 +6,9 @@ Every component is the real program in its own process (`migpart agent --simulat
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +32,7 @@ class SimNode:
     dir: Path
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
+    args: list[str] = field(default_factory=list)
 
     @property
     def plugin_socket(self) -> Path:
@@ -78,38 +81,57 @@ class LocalCluster:
         gpus: str = "NVIDIA H100 80GB HBM3:8",
         labels: dict[str, str] | None = None,
         sim_latency_ms: float = 0.0,
+        extra_args: tuple[str, ...] = (),
     ) -> SimNode:
-        """A Node object plus a `migpart agent --simulate` process for it."""
+        """A Node object plus a `migpart agent --simulate` process for it (`extra_args` are
+        appended to the agent's flags)."""
         self.testbed.add_node(name, {"nvidia.com/mig.capable": "true", **(labels or {})})
         node_dir = self.dir / "nodes" / name
         node_dir.mkdir(parents=True, exist_ok=True)
-        proc, log = self._spawn(
-            f"agent-{name}",
-            [
-                "agent",
-                "--simulate",
-                gpus,
-                "--node-name",
-                name,
-                "--sim-latency-ms",
-                str(sim_latency_ms),
-                "--kubeconfig",
-                str(self.testbed.kubeconfig),
-                "--state-dir",
-                str(node_dir / "state"),
-                "--cdi-dir",
-                str(node_dir / "cdi"),
-                "--plugin-dir",
-                str(node_dir / "plugins"),
-                "--registration-dir",
-                str(node_dir / "registry"),
-                "--metrics-port",
-                "0",
-            ],
-        )
-        node = SimNode(name, gpus, node_dir, proc, log)
+        args = [
+            "agent",
+            "--simulate",
+            gpus,
+            "--node-name",
+            name,
+            "--sim-latency-ms",
+            str(sim_latency_ms),
+            "--kubeconfig",
+            str(self.testbed.kubeconfig),
+            "--state-dir",
+            str(node_dir / "state"),
+            "--cdi-dir",
+            str(node_dir / "cdi"),
+            "--plugin-dir",
+            str(node_dir / "plugins"),
+            "--registration-dir",
+            str(node_dir / "registry"),
+            "--metrics-port",
+            "0",
+            *extra_args,
+        ]
+        proc, log = self._spawn(f"agent-{name}", args)
+        node = SimNode(name, gpus, node_dir, proc, log, args)
         self.nodes[name] = node
         return node
+
+    def kill_agent(self, name: str) -> None:
+        """SIGKILL the node's agent (its simulated GPUs keep their instances)."""
+        node = self.nodes[name]
+        _kill(node.proc)
+        node.log.close()
+
+    def restart_agent(self, name: str) -> None:
+        """Start the node's agent again with the flags it had."""
+        node = self.nodes[name]
+        node.proc, node.log = self._spawn(f"agent-{name}", node.args)
+
+    def kill_operator(self) -> None:
+        """SIGKILL the operator (start it again with `start_operator`)."""
+        if self._operator:
+            _kill(self._operator[0])
+            self._operator[1].close()
+            self._operator = None
 
     def remove_gpu_node(self, name: str) -> None:
         """Stop the node's agent and delete its Node; the garbage collector takes the MigNode
@@ -163,6 +185,13 @@ class LocalCluster:
         for node in self.nodes.values():
             _terminate(node.proc, node.log)
         self.nodes.clear()
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _terminate(proc: subprocess.Popen[bytes], log: IO[bytes], grace_s: float = 10.0) -> None:

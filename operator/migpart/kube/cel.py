@@ -27,6 +27,7 @@ attribute is a runtime error (as in Kubernetes, where it aborts the allocation).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -284,11 +285,48 @@ def virtual_device(
 # --------------------------------------------------------------------------- evaluate
 
 
-def _runtime_message(ex: CELEvalError) -> str:
+_OPERATORS = {
+    "relation_lt": "<",
+    "relation_le": "<=",
+    "relation_gt": ">",
+    "relation_ge": ">=",
+    "relation_eq": "==",
+    "relation_ne": "!=",
+    "relation_in": "in",
+    "addition_add": "+",
+    "addition_sub": "-",
+    "multiplication_mul": "*",
+    "multiplication_div": "/",
+    "multiplication_mod": "%",
+}
+_OVERLOAD = re.compile(r"no matching overload for Token\('\w+', '(\w+)'\) applied to '\((.*)\)'")
+_PYTHON_CLASS = re.compile(r"<class '(?:[\w.]+\.)?(\w+?)(?:Type)?'>")
+
+
+def _runtime_message(ex: CELEvalError, device: Device | None = None) -> str:
+    """cel-python's message, in CEL's words: operators and type names instead of parser
+    tokens and Python classes, and for a missing key the names the device does have."""
     text = str(ex.args[0]) if ex.args else str(ex)
     text = text.split(" (in activation", 1)[0]
+    overload = _OVERLOAD.search(text)
+    if overload:
+        operator = _OPERATORS.get(overload.group(1), overload.group(1))
+        types = ", ".join(m.lower() for m in _PYTHON_CLASS.findall(overload.group(2)))
+        return (
+            f"found no matching overload for {operator} applied to ({types}): compare values"
+            ' of one type (quantity("10Gi") for capacity, semver("1.2.3") for versions)'
+        )
     cause = ex.args[2] if len(ex.args) > 2 and ex.args[2] else None
-    return f"{text} {cause}" if cause and "no such" in text else text
+    if cause and "no such" in text:
+        text = f"{text} {cause}"
+    if device is None or "no such" not in text:
+        return text
+    attributes = ", ".join(sorted(device.attributes.get(device.driver, {})))
+    capacity = ", ".join(sorted(device.capacity.get(device.driver, {})))
+    return (
+        f"{text} ({device.driver} devices have attributes {attributes} and capacity"
+        f" {capacity}; other domains are empty)"
+    )
 
 
 def evaluate(expression: str, device: Device) -> bool:
@@ -297,12 +335,12 @@ def evaluate(expression: str, device: Device) -> bool:
     try:
         result = runner.evaluate({"device": device._cel})
     except CELEvalError as ex:
-        raise SelectorError(expression, _runtime_message(ex), runtime=True) from None
+        raise SelectorError(expression, _runtime_message(ex, device), runtime=True) from None
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as ex:
         # cel-python lets some Python errors of extension functions through unwrapped.
         raise SelectorError(expression, f"{type(ex).__name__}: {ex}", runtime=True) from None
     if isinstance(result, CELEvalError):
-        raise SelectorError(expression, _runtime_message(result), runtime=True)
+        raise SelectorError(expression, _runtime_message(result, device), runtime=True)
     if not isinstance(result, celtypes.BoolType):
         raise SelectorError(
             expression, f"must evaluate to bool, got {type(result).__name__}", runtime=True

@@ -188,7 +188,9 @@ def _candidates(
             if in_class is not True:
                 continue
             if isinstance(ok, SelectorError):
-                raise _Unsat(f"request {name}: selector failed: {ok.reason}", ok)
+                raise _Unsat(
+                    f"request {name}: selector failed: {ok.reason} (selector: {ok.expression})", ok
+                )
             if not ok:
                 continue
             if policy.permits(profile.name):

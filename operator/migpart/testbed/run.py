@@ -114,6 +114,7 @@ class Testbed:
     # The secure (metrics, healthz) port of each component that has one, once started.
     ports: dict[str, int] = field(default_factory=dict)
     _procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=list)
+    _args: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def kubeconfig(self) -> Path:
@@ -296,8 +297,25 @@ class Testbed:
         assert self.binary is not None
         subprocess.run([str(self.binary), *args], check=True, capture_output=True)
 
+    def restart(self, name: str, down_s: float = 0.0) -> None:
+        """Kill one component (SIGKILL, as a crash), wait `down_s`, start it again with the
+        same flags and data (etcd keeps its data dir) and wait until it is healthy."""
+        (entry,) = [e for e in self._procs if e[0] == name]
+        _, proc, log = entry
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+        self._procs.remove(entry)
+        time.sleep(down_s)
+        self._spawn(name, self._args[name])
+        if name != "kube-apiserver" and name in self.ports:
+            self._wait_ready(f"https://127.0.0.1:{self.ports[name]}/healthz", name)
+        self._wait_ready(f"{self.server}/readyz", "kube-apiserver")
+
     def _spawn(self, name: str, args: list[str]) -> None:
         assert self.binary is not None
+        self._args[name] = args
         log = (self.dir / "logs" / f"{name}.log").open("ab")
         proc = subprocess.Popen(
             [str(self.binary), name, *args],

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +14,7 @@ import grpc
 import pytest
 
 from migpart.agent.cdi import CdiWriter, cap_minor
-from migpart.agent.checkpoint import Checkpoint
+from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from migpart.agent.claims import InMemoryClaims
 from migpart.agent.plugin import DraDriver, KubeletPlugin
 from migpart.agent.proto import (
@@ -208,3 +210,43 @@ def test_checkpoint_write_is_atomic_and_reloads(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["c.json"]  # no temp file left behind
     assert Checkpoint(path).claims() == cp.claims()
     assert Checkpoint(path).prepared() == {(0, "7g.80gb", 0): ["ns/n"]}
+
+
+async def test_sockets_and_checkpoint_are_owner_only(short_dir: Path) -> None:
+    """Whoever can connect to the plugin's sockets can prepare claims, and the checkpoint says
+    which claims run where: both are the agent's alone, whatever the umask."""
+    # A permissive umask and a hostPath that kubelet created 0755 must not widen anything.
+    (short_dir / "state").mkdir(mode=0o755)
+    (short_dir / "plugins_registry").mkdir(mode=0o755)
+    previous = os.umask(0)
+    try:
+        sim = SimulatedNvml([(H100, 1)], node=NODE)
+        mig = await sim.create(0, "1g.10gb", 0)
+        claims = InMemoryClaims()
+        plugin = make_plugin(short_dir, sim, claims)
+        await plugin.start()
+        try:
+            assert _mode(plugin.plugin_socket) == 0o600
+            assert _mode(plugin.registration_socket) == 0o600
+            assert _mode(plugin.plugin_socket.parent) == 0o700
+            # The shared registration directory keeps the mode it had.
+            assert _mode(plugin.registration_socket.parent) == 0o755
+            checkpoint = plugin.driver.checkpoint
+            assert _mode(checkpoint.path.parent) == 0o700
+            checkpoint.put(
+                PreparedClaim(
+                    "uid-1",
+                    "ns",
+                    "claim",
+                    (PreparedDevice("gpu-0-1g10gb-0", 0, "1g.10gb", 0, mig.uuid, "cdi"),),
+                )
+            )
+            assert _mode(checkpoint.path) == 0o600
+        finally:
+            await plugin.stop()
+    finally:
+        os.umask(previous)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)

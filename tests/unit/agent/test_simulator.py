@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import stat
+from pathlib import Path
 
 import pynvml
 import pytest
 
-from migpart.agent.simulator import SimulatedNvml, mig_uuid, parse_simulate
+from migpart.agent.simulator import SimFaults, SimulatedNvml, mig_uuid, parse_simulate
 from migpart.errors import GpuBusy, NvmlFailure
 from tests.conftest import FIXTURES
 from tests.unit.agent.conftest import H100, H200
@@ -150,3 +154,74 @@ def test_parse_simulate(text: str, parsed: list[tuple[str, int]]) -> None:
 def test_parse_simulate_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="--simulate"):
         parse_simulate(text)
+
+
+async def test_instances_outlive_the_process_with_a_state_file(tmp_path: Path) -> None:
+    """A killed agent's GPUs keep their instances: a new simulator on the same file sees them,
+    a half-made one (GPU instance without compute instance) included."""
+    state = tmp_path / "state" / "simulated-nvml.json"
+    first = SimulatedNvml([(H100, 2)], node="n", state_path=state)
+    made = await first.create(0, "3g.40gb", 4)
+    first.create_gpu_instance_only(1, "1g.10gb", 3)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+
+    again = SimulatedNvml([(H100, 2)], node="n", state_path=state)
+    assert await again.instances(0) == [made]
+    [half] = await again.instances(1)
+    assert (half.profile, half.start, half.ci_id) == ("1g.10gb", 3, None)
+    await again.destroy(0, "3g.40gb", 4)
+    assert await SimulatedNvml([(H100, 2)], node="n", state_path=state).instances(0) == []
+
+
+async def test_injected_insufficient_resources_and_in_use_map_like_real_ones() -> None:
+    sim = SimulatedNvml([(H100, 1)], node="n", faults=SimFaults(create_insufficient=1.0))
+    with pytest.raises(NvmlFailure) as failed:
+        await sim.create(0, "1g.10gb", 0)
+    assert failed.value.code == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    sim.faults = SimFaults()
+    made = await sim.create(0, "1g.10gb", 0)
+    sim.faults = SimFaults(destroy_in_use=1.0)
+    with pytest.raises(GpuBusy):  # what the agent turns into "kept: in use"
+        await sim.destroy(0, "1g.10gb", 0)
+    assert await sim.instances(0) == [made]
+    assert [i.split()[0] for i in sim.injected] == ["create", "destroy"]
+
+
+async def test_a_timeout_comes_before_or_after_the_operation() -> None:
+    """Half the timeouts come after the driver did the work: the caller must look again."""
+    outcomes = set()
+    for seed in range(40):
+        sim = SimulatedNvml([(H100, 1)], node="n", faults=SimFaults(timeout=1.0, seed=seed))
+        code = 0
+        try:
+            await sim.create(0, "1g.10gb", 0)
+        except NvmlFailure as err:
+            code = err.code or 0
+        if code:
+            sim.faults = SimFaults()
+            outcomes.add((code, "late" if await sim.instances(0) else "early"))
+    assert outcomes == {(pynvml.NVML_ERROR_TIMEOUT, "late"), (pynvml.NVML_ERROR_TIMEOUT, "early")}
+
+
+def test_the_same_seed_injects_the_same_faults() -> None:
+    def run(seed: int) -> list[str]:
+        sim = SimulatedNvml([(H100, 1)], node="n", faults=SimFaults(timeout=0.5, seed=seed))
+
+        async def go() -> None:
+            for _ in range(20):
+                with contextlib.suppress(NvmlFailure):
+                    await sim.instances(0)
+
+        asyncio.run(go())
+        return sim.injected
+
+    assert run(7) == run(7)
+    assert run(7) != run(8) or not run(7)
+
+
+@pytest.mark.parametrize(
+    "text", ["timeout=2", "timeout=x", "lost=a", "explode=1", "seed", "create_insufficient"]
+)
+def test_bad_fault_specs_are_refused_clearly(text: str) -> None:
+    with pytest.raises(ValueError, match="--sim-faults: bad entry"):
+        SimFaults.parse(text)

@@ -323,3 +323,51 @@ def test_deviceclass_manifest_is_ours() -> None:
     assert body["metadata"]["name"] == DEVICE_CLASS
     assert is_ours(body, TABLES)
     assert not is_ours(body | {"spec": {"selectors": [{"cel": {"expression": "false"}}]}}, TABLES)
+
+
+@pytest.mark.parametrize(
+    ("request_", "words"),
+    [
+        pytest.param(
+            _req(selectors=[f"{ATTR}.profile == "]),
+            ["selector failed: syntax error at column", f"(selector: {ATTR}.profile == )"],
+            id="cel-does-not-compile",
+        ),
+        pytest.param(
+            _req(selectors=[f'{ATTR}.color == "red"']),
+            ["no such member in mapping: 'color'", "have attributes gpuIndex, parentUUID"],
+            id="unknown-attribute",
+        ),
+        pytest.param(
+            _req(selectors=[f"{ATTR}.profile > 5"]),
+            ["no matching overload for > applied to (string, int)", "compare values of one"],
+            id="string-compared-to-int",
+        ),
+        pytest.param(
+            _req(selectors=[f"{CAP}.memory >= 10"]),
+            ["no matching overload for >= applied to (quantity, int)", 'quantity("10Gi")'],
+            id="quantity-compared-to-int",
+        ),
+        pytest.param(
+            _req(allocationMode="All"),
+            ["allocationMode All asks for every matching device"],
+            id="allocation-mode-all",
+        ),
+        pytest.param(
+            _req(selectors=['device.driver == "gpu.nvidia.com"']),
+            ["no MIG profile", 'satisfies device.driver == "gpu.nvidia.com"'],
+            id="our-class-another-driver",
+        ),
+    ],
+)
+def test_a_bad_claim_says_why_migpart_cannot_serve_it(
+    request_: dict[str, Any], words: list[str]
+) -> None:
+    got = _refused(claim_demand(_claim(request_), CLASSES, TABLES, ANY))
+    for w in words:
+        assert w in got.reason, got.reason
+
+
+def test_a_claim_of_another_drivers_class_is_left_to_that_driver() -> None:
+    """No event either: it is not migpart's claim (the other driver serves or reports it)."""
+    assert claim_demand(_claim(_req(cls="gpu.nvidia.com")), CLASSES, TABLES, ANY) is None

@@ -1,0 +1,88 @@
+"""The chaos harness, short and seeded: agents and the operator SIGKILLed and restarted,
+claims deleted mid-plan, a second writer on a MigNode spec and injected NVML failures, under
+a stream of pods; every invariant holds and every pod is served.
+
+It runs bench/chaos.py as a process with its own control plane (the harness starts and kills
+real `migpart agent` and `migpart operator` processes; none of this suite's fixtures)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SUMMARY = re.compile(
+    r"^faults (\d+), pods served (\d+)/(\d+), destroyed-in-use (\d+), leaked (\d+),"
+    r" stuck (\d+), double-allocated (\d+)$"
+)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """The agents' unix sockets live under it: paths are limited to 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _chaos(work: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], re.Match[str]]:
+    """Run bench/chaos.py; the process and its summary line."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "chaos.py"), *flags, f"--dir={work}"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    summary = SUMMARY.match(lines[-1]) if lines else None
+    assert summary, (lines[-5:], proc.stderr[-3000:])
+    return proc, summary
+
+
+def test_short_seeded_chaos_keeps_every_invariant(short_dir: Path) -> None:
+    proc, summary = _chaos(
+        short_dir,
+        "--duration=60",
+        "--drain=120",
+        "--seed=3",
+        "--nodes=2",
+        "--gpus-per-node=2",
+        "--pods=14",
+        "--fault-every=4",
+    )
+    tail = proc.stdout[-1500:]
+    faults, served, total, *counters = map(int, summary.groups())
+    assert counters == [0, 0, 0, 0], tail
+    assert served == total, tail
+    assert total > 0
+    assert faults >= 5, tail
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_monitor_counts_an_instance_destroyed_in_use(short_dir: Path) -> None:
+    """The monitor is not blind: an instance in use removed from its GPU behind the agent's
+    back (what a buggy agent would do) is counted, and the harness fails."""
+    proc, summary = _chaos(
+        short_dir,
+        "--duration=40",
+        "--drain=30",
+        "--seed=5",
+        "--nodes=1",
+        "--gpus-per-node=2",
+        "--pods=8",
+        "--fault-every=5",
+        "--faults=sabotage",
+        "--nvml-faults=",
+    )
+    assert int(summary.group(4)) >= 1, proc.stdout[-1500:]
+    assert proc.returncode == 1
