@@ -30,9 +30,9 @@ from typing import Any
 import structlog
 
 from migpart.api.models import MigNode
+from migpart.controller.bodies import uid_of
 from migpart.controller.effects import Effects
 from migpart.controller.metrics import Metrics
-from migpart.controller.scope import uid_of
 from migpart.controller.state import FRESH_S, Hooks, JournalEntry, Sighting
 from migpart.dra import DeviceId, allocated_ids
 from migpart.kube.claims import AllocatedDevices, body_key, is_allocated

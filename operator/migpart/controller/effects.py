@@ -18,7 +18,8 @@ from typing import Any, Protocol, cast
 import kopf
 
 from migpart.api.models import GpuPartitionPolicyStatus, MigNode, MigNodeSpec
-from migpart.controller.scope import ScopeCache, strip
+from migpart.controller.bodies import strip
+from migpart.controller.scope import ScopeCache
 from migpart.kube.claims import list_claims_quorum
 from migpart.kube.objects import patch_mignode_spec, patch_policy_status
 from migpart.kube.slices import SlicePublisher

@@ -25,13 +25,13 @@ from pydantic import ValidationError
 
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, condition_status
+from migpart.controller.bodies import parse_policy
 from migpart.controller.errors import kopf_errors
 from migpart.controller.health import NodeHealth, await_crds
 from migpart.controller.indexes import INDEX_IDS, INDEXES, RESOURCE, state_of
 from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
 from migpart.controller.reconcile import report_invalid
-from migpart.controller.scope import parse_policy
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.errors import MigpartError
 from migpart.kube.client import open_client

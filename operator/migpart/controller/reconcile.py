@@ -24,10 +24,11 @@ from migpart.api.models import (
     LastPlan,
 )
 from migpart.controller import screening
+from migpart.controller.bodies import uid_of
 from migpart.controller.decisions import choose_nodes, layout_changes, node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
 from migpart.controller.indexes import with_own_writes
-from migpart.controller.scope import Cluster, PolicyDemand, Scope, uid_of
+from migpart.controller.scope import Cluster, PolicyDemand, Scope
 from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import now_iso

@@ -36,9 +36,11 @@ from pydantic import ValidationError
 
 from migpart.api.models import GpuPartitionPolicy, MigNode
 from migpart.controller import screening
+from migpart.controller.bodies import parse_policy, revision_of, strip, uid_of
 from migpart.kube import demand
 from migpart.kube.claims import body_key
 from migpart.kube.placement import NodeFacts, NodeFilter, Placement
+from migpart.kube.snapshot import node_name
 from migpart.mig import ModelTable
 from migpart.planning.model import Request
 
@@ -84,33 +86,6 @@ class Scope:
     gpus: int = 0
     # (name, reason) of the policy's nodes left out of `nodes` as unavailable, by name
     unavailable: tuple[tuple[str, str], ...] = ()
-
-
-def strip(
-    body: Body, keys: tuple[str, ...] = ("apiVersion", "kind", "metadata", "spec", "status")
-) -> dict[str, Any]:
-    """The fields the pydantic model knows, as plain data."""
-    return {k: body[k] for k in keys if k in body}
-
-
-def parse_policy(body: Body) -> GpuPartitionPolicy:
-    """The policy without its status: the status is ours, and a field someone else added
-    there must not make the spec unreadable."""
-    return GpuPartitionPolicy.model_validate(
-        strip(body, ("apiVersion", "kind", "metadata", "spec"))
-    )
-
-
-def node_name(node: MigNode) -> str:
-    return str(node.metadata.get("name", ""))
-
-
-def _revision(body: Body) -> str:
-    return str((body.get("metadata") or {}).get("resourceVersion") or "")
-
-
-def uid_of(body: Body) -> str:
-    return str((body.get("metadata") or {}).get("uid") or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +184,7 @@ class ScopeCache:
 
     def node(self, name: str, body: Body) -> NodeView | None:
         """The MigNode parsed (None if invalid), once per resourceVersion."""
-        revision = _revision(body)
+        revision = revision_of(body)
         known = self._nodes.get(name)
         if known is not None and revision and known[0] == revision:
             return known[1]
@@ -256,7 +231,7 @@ class ScopeCache:
 
     def policy(self, name: str, body: Body) -> GpuPartitionPolicy | None:
         """The policy parsed (None if invalid), once per resourceVersion."""
-        revision = _revision(body)
+        revision = revision_of(body)
         known = self._policies.get(name)
         if known is not None and revision and known[0] == revision:
             return known[1]
@@ -310,7 +285,7 @@ class ScopeCache:
             by_policy.setdefault(owner, []).append(view)
             tables = tuple(view.tables.items())
             world_nodes[name] = (owner, tables, view.models, cluster.node_facts.get(name))
-        classes = tuple(sorted((n, _revision(b)) for n, b in cluster.device_classes.items()))
+        classes = tuple(sorted((n, revision_of(b)) for n, b in cluster.device_classes.items()))
         world = self._world
         if (policy_key, world_nodes, classes) != (world.policies, world.nodes, world.classes):
             self._world = _World(world.version + 1, policy_key, world_nodes, classes)
@@ -386,7 +361,7 @@ class ScopeCache:
         """The claim's outcome in the current world, computed only if something it depends
         on changed."""
         uid = uid_of(claim) or body_key(claim)
-        revision = _revision(claim)
+        revision = revision_of(claim)
         entry = self._claims.get(uid)
         world = self._world.version
         if (

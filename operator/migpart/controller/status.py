@@ -14,7 +14,8 @@ from migpart.api.models import (
     LastPlan,
     UnavailableNode,
 )
-from migpart.controller.scope import Scope, uid_of
+from migpart.controller.bodies import uid_of
+from migpart.controller.scope import Scope
 from migpart.dra import now_iso
 
 Body = Mapping[str, Any]
