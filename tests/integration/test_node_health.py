@@ -16,6 +16,7 @@ from typing import IO, Any
 
 import pytest
 
+from migpart.controller.state import OperatorState
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     H100,
@@ -133,7 +134,7 @@ def test_a_dead_agent_frees_its_slot_and_comes_back(
     # a's NVML is slow: it is still carrying out its spec when it is killed
     agents[a] = AgentProcess(cluster, a, tmp_path, latency_ms=2000)
     agents[b] = AgentProcess(cluster, b, tmp_path, latency_ms=0)
-    with running_operator(cluster, lease_timeout_s=LEASE_TIMEOUT_S) as _:
+    with running_operator(cluster, lease_timeout_s=LEASE_TIMEOUT_S) as operator:
         for node in (a, b):
             eventually(lambda n=node: (_mignode(cluster, n).get("status") or {}).get("gpus"))  # type: ignore[misc]
         apply(
@@ -172,6 +173,9 @@ def test_a_dead_agent_frees_its_slot_and_comes_back(
         status = get(cluster, "gpp", "health")["status"]
         assert status["nodes"] == 2
         assert _devices(cluster, a) == []  # nothing published for the stale node
+        state: OperatorState = operator.memo.state
+        sample = state.metrics.registry.get_sample_value
+        assert (sample("migpart_unavailable_nodes", {"reason": "LeaseExpired"}) or 0) >= 1
         assert _mignode(cluster, a)["spec"]["planId"] == plan_a  # nothing new planned there
 
         # the agent is back: the node returns to service and carries out its spec

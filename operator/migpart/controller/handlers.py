@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import aiohttp
 import kopf
@@ -24,7 +25,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
-from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, condition_status
+from migpart.api.models import (
+    GROUP,
+    MIGNODE_PLURAL,
+    POLICY_PLURAL,
+    VERSION,
+    UnavailableReason,
+    condition_status,
+)
 from migpart.controller.bodies import parse_policy
 from migpart.controller.errors import kopf_errors
 from migpart.controller.health import NodeHealth, await_crds
@@ -210,6 +218,9 @@ async def _node_health_tick(state: OperatorState, swept: bool) -> bool:
             state.stale_marks[node] = False
     if changed:
         state.wake_all()
+        counts: Counter[str] = Counter(health.unavailable().values())
+        for reason in get_args(UnavailableReason):
+            state.metrics.unavailable_nodes.labels(reason).set(counts.get(reason, 0))
     for node in changed:
         try:
             await state.publisher.publish(node)
