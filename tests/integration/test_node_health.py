@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -26,8 +27,12 @@ from tests.integration.conftest import (
     eventually,
     get,
     get_or_none,
+    gpu_status,
+    patch_status,
     pending_pod,
     policy_body,
+    put_mignode,
+    renew_lease,
     running_operator,
 )
 
@@ -193,3 +198,30 @@ def test_a_dead_agent_frees_its_slot_and_comes_back(
             lambda: not get(cluster, "gpp", "health")["status"].get("unavailableNodes"),
             timeout=30,
         )
+
+
+def test_a_stale_mark_left_by_an_earlier_operator_goes_once_the_agent_renews(
+    cluster: Testbed,
+) -> None:
+    node = "health-left"
+    cluster.add_node(node, {"migpart-test": "health-left"})
+    put_mignode(cluster, node, [gpu_status(0, [])])  # renews the Lease once
+    stale = {
+        "type": "Stale",
+        "status": "True",
+        "reason": "LeaseExpired",
+        "message": "written by an operator that is gone",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    patch_status(cluster, "mignode", node, {"conditions": [stale]})
+    with running_operator(cluster, lease_timeout_s=3600.0):
+        time.sleep(2)  # a Lease merely existing proves nothing: the mark stays
+        assert (_condition(_mignode(cluster, node), "Stale") or {}).get("status") == "True"
+        renew_lease(cluster, node)  # the agent renews: alive now
+        cleared = eventually(
+            lambda: (
+                (_condition(_mignode(cluster, node), "Stale") or {}).get("status") == "False"
+                and _condition(_mignode(cluster, node), "Stale")
+            )
+        )
+        assert cleared["reason"] == "LeaseRenewed"

@@ -193,6 +193,12 @@ class NodeHealth:
             return None
         return self.clock() - max(renewal[1], self._synced_at)
 
+    def heard_since_listed(self, node: str) -> bool:
+        """Whether this node's Lease was seen renewed after the first list: proof that its
+        agent lives now, not only that a Lease exists."""
+        renewal = self._renewals.get(node)
+        return self._synced_at is not None and renewal is not None and renewal[1] > self._synced_at
+
     def _reason(self, node: str) -> UnavailableReason | None:
         silent = self.silent_s(node)
         if silent is not None and silent > self.timeout_s:

@@ -194,3 +194,15 @@ def test_while_the_lease_watch_is_broken_no_node_goes_stale() -> None:
     assert h.check() == []
     clock.now += 2
     assert h.check() == ["a"]
+
+
+def test_only_a_renewal_after_the_first_list_proves_an_agent_alive() -> None:
+    clock = Clock()
+    h = health(clock, "a", "b")
+    assert not h.heard_since_listed("a")
+    h.leases_listed({"a": "t1", "b": "t1"})
+    clock.now += 5
+    assert not h.heard_since_listed("a")  # a Lease exists: that says nothing about now
+    h.lease_renewed("a", "t2")
+    assert h.heard_since_listed("a")
+    assert not h.heard_since_listed("b")
