@@ -268,8 +268,7 @@ async def mignode_changed(
         state.stale_flagged.add(name)
     else:
         state.stale_flagged.discard(name)
-    if state.health.mignode(name, status.kubelet_plugin if status else None):
-        log.info("node_registration_changed", node=name, reason=state.health.reason(name))
+    state.health.mignode(name, status.kubelet_plugin if status else None)
     with kopf_errors():
         await state.publisher.publish(name)
 
