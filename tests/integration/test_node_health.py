@@ -10,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
 
+from migpart.controller.state import OperatorState
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     H100,
@@ -25,8 +27,12 @@ from tests.integration.conftest import (
     eventually,
     get,
     get_or_none,
+    gpu_status,
+    patch_status,
     pending_pod,
     policy_body,
+    put_mignode,
+    renew_lease,
     running_operator,
 )
 
@@ -133,7 +139,7 @@ def test_a_dead_agent_frees_its_slot_and_comes_back(
     # a's NVML is slow: it is still carrying out its spec when it is killed
     agents[a] = AgentProcess(cluster, a, tmp_path, latency_ms=2000)
     agents[b] = AgentProcess(cluster, b, tmp_path, latency_ms=0)
-    with running_operator(cluster, lease_timeout_s=LEASE_TIMEOUT_S) as _:
+    with running_operator(cluster, lease_timeout_s=LEASE_TIMEOUT_S) as operator:
         for node in (a, b):
             eventually(lambda n=node: (_mignode(cluster, n).get("status") or {}).get("gpus"))  # type: ignore[misc]
         apply(
@@ -172,6 +178,9 @@ def test_a_dead_agent_frees_its_slot_and_comes_back(
         status = get(cluster, "gpp", "health")["status"]
         assert status["nodes"] == 2
         assert _devices(cluster, a) == []  # nothing published for the stale node
+        state: OperatorState = operator.memo.state
+        sample = state.metrics.registry.get_sample_value
+        assert (sample("migpart_unavailable_nodes", {"reason": "LeaseExpired"}) or 0) >= 1
         assert _mignode(cluster, a)["spec"]["planId"] == plan_a  # nothing new planned there
 
         # the agent is back: the node returns to service and carries out its spec
@@ -189,3 +198,30 @@ def test_a_dead_agent_frees_its_slot_and_comes_back(
             lambda: not get(cluster, "gpp", "health")["status"].get("unavailableNodes"),
             timeout=30,
         )
+
+
+def test_a_stale_mark_left_by_an_earlier_operator_goes_once_the_agent_renews(
+    cluster: Testbed,
+) -> None:
+    node = "health-left"
+    cluster.add_node(node, {"migpart-test": "health-left"})
+    put_mignode(cluster, node, [gpu_status(0, [])])  # renews the Lease once
+    stale = {
+        "type": "Stale",
+        "status": "True",
+        "reason": "LeaseExpired",
+        "message": "written by an operator that is gone",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    patch_status(cluster, "mignode", node, {"conditions": [stale]})
+    with running_operator(cluster, lease_timeout_s=3600.0):
+        time.sleep(2)  # a Lease merely existing proves nothing: the mark stays
+        assert (_condition(_mignode(cluster, node), "Stale") or {}).get("status") == "True"
+        renew_lease(cluster, node)  # the agent renews: alive now
+        cleared = eventually(
+            lambda: (
+                (_condition(_mignode(cluster, node), "Stale") or {}).get("status") == "False"
+                and _condition(_mignode(cluster, node), "Stale")
+            )
+        )
+        assert cleared["reason"] == "LeaseRenewed"

@@ -110,6 +110,7 @@ async def serve(
         namespace=config.lease_namespace,
         duration_s=config.lease_duration_s,
         renew_s=config.lease_renew_s,
+        on_failure=metrics.lease_renewal_failures.labels(config.node).inc,
     )
     health = HealthServer(metrics, config.metrics_port, config.metrics_host)
     async with contextlib.AsyncExitStack() as stack:

@@ -54,9 +54,12 @@ class MigNodeStore(Protocol):
 
 
 def status_patch(status: MigNodeStatus) -> dict[str, Any]:
-    """The merge patch replacing the whole status (null clears a vanished observedPlanId)."""
+    """The merge patch replacing the whole status (null clears a vanished observedPlanId, and
+    a kubeletPlugin an earlier run reported: an agent that does not report it must not leave
+    an old verdict behind)."""
     body = status.model_dump(by_alias=True, exclude_none=True, mode="json")
     body.setdefault("observedPlanId", None)
+    body.setdefault("kubeletPlugin", None)
     return {"status": body}
 
 

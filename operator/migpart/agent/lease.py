@@ -32,6 +32,8 @@ from migpart.api.leases import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kubernetes_asyncio.client import ApiClient
 
 log = structlog.get_logger("migpart.agent.lease")
@@ -55,6 +57,7 @@ class NodeLease:
         namespace: str = LEASE_NAMESPACE,
         duration_s: int = LEASE_DURATION_S,
         renew_s: float = LEASE_RENEW_S,
+        on_failure: Callable[[], None] | None = None,
     ) -> None:
         self.node = node
         self.namespace = namespace
@@ -66,6 +69,7 @@ class NodeLease:
         self._core: Any = CoreV1Api(api)
         self._resource_version: str | None = None
         self.renewals = 0
+        self.on_failure = on_failure  # counts the failure (agent metrics)
 
     def _body(self) -> dict[str, Any]:
         metadata: dict[str, Any] = {
@@ -149,6 +153,8 @@ class NodeLease:
                 failing, backoff = False, 0.5
                 delay = self.renew_s
             except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+                if self.on_failure is not None:
+                    self.on_failure()
                 if not failing:
                     log.warning(
                         "node_lease_renewal_failed",

@@ -40,6 +40,13 @@ class AgentMetrics:
             ["node"],
             registry=self.registry,
         )
+        self.lease_renewal_failures = Counter(
+            "migpart_agent_lease_renewal_failures",
+            "Renewals of the node's Lease that failed (retried with back-off); the operator "
+            "takes the node as unavailable once none succeeded for its lease timeout",
+            ["node"],
+            registry=self.registry,
+        )
         self.operations = Counter(
             "migpart_agent_mig_operations",
             "MIG instances created and destroyed",

@@ -19,9 +19,12 @@ from typing import Any
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_PREFIX = "migpart-"
 LEASE_LABELS = {"app.kubernetes.io/managed-by": "migpart", "app.kubernetes.io/component": "agent"}
-LEASE_DURATION_S = 40
-"""`spec.leaseDurationSeconds` the agent writes; also the operator's default lease timeout
-(kubelet's node lease and the node lifecycle controller's grace period use the same 40 s)."""
+LEASE_DURATION_S = 25
+"""`spec.leaseDurationSeconds` the agent writes; also the operator's default lease timeout.
+Shorter than kubelet's 40 s node grace on purpose: kubelet deletes a driver's ResourceSlices 30 s
+after its plugin went away, and by then the operator must already take the node as unavailable,
+or it would publish the wiped slice again for a node no plugin serves. 25 s is still 2.5
+renewal periods (a failed renewal is retried at once)."""
 LEASE_RENEW_S = 10.0
 """How often the agent renews (a quarter of the duration, as kubelet does)."""
 

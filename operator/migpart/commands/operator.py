@@ -14,12 +14,14 @@ from pathlib import Path
 
 import kopf
 import structlog
+from kubernetes_asyncio.client import ApiClient
 
 from migpart import logs
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
 from migpart.controller.handlers import OperatorConfig, build_registry
-from migpart.controller.health import serve
+from migpart.controller.health import await_crds, serve
 from migpart.controller.metrics import Metrics
+from migpart.kube.client import load_configuration
 
 log = structlog.get_logger(__name__)
 
@@ -94,7 +96,7 @@ class _Memo(kopf.Memo):
 async def run(args: argparse.Namespace) -> None:
     metrics = Metrics()
     ready = asyncio.Event()
-    served = asyncio.Event()  # migpart's CRDs are served (handlers.startup waits for them)
+    served = asyncio.Event()  # migpart's CRDs are served
     runner = None
     if args.metrics_port:
         runner = await serve(args.metrics_port, metrics.registry, ready, served=served)
@@ -109,6 +111,11 @@ async def run(args: argparse.Namespace) -> None:
         served=served,
     )
     try:
+        # kopf resolves the resources of its handlers when it starts; a CRD that is
+        # Established only later is not always picked up (its watch then never starts), so
+        # kopf starts once the CRDs are served. Until then /readyz says what it waits for.
+        async with ApiClient(await load_configuration(args.kubeconfig)) as api:
+            await await_crds(api, served)
         await kopf.operator(
             registry=build_registry(config),
             clusterwide=True,

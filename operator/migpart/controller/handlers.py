@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import aiohttp
 import kopf
@@ -24,7 +25,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
-from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION, condition_status
+from migpart.api.models import (
+    GROUP,
+    MIGNODE_PLURAL,
+    POLICY_PLURAL,
+    VERSION,
+    UnavailableReason,
+    condition_status,
+)
 from migpart.controller.bodies import parse_policy
 from migpart.controller.errors import kopf_errors
 from migpart.controller.health import NodeHealth, await_crds
@@ -177,26 +185,17 @@ async def follow_node_health(state: OperatorState) -> None:
     it: wake the planners (the node leaves or rejoins every scope), publish its slice (empty
     while unavailable) and set its MigNode's `Stale` condition. A failed write is tried again
     on the next tick."""
-    swept = False
     while True:
         await asyncio.sleep(state.tick_s)
         try:
-            swept = await _node_health_tick(state, swept)
+            await _node_health_tick(state)
         except Exception:  # a bug must not end node health for every node
             log.exception("node_health_crashed")
 
 
-async def _node_health_tick(state: OperatorState, swept: bool) -> bool:
-    """One check of `follow_node_health`; returns whether the startup sweep is done."""
+async def _node_health_tick(state: OperatorState) -> None:
+    """One check of `follow_node_health`."""
     health = state.health
-    if health.synced and not swept:
-        # a Stale condition left by an earlier operator on a node that is fine now
-        swept = True
-        for node in state.publisher.nodes():
-            mignode = state.publisher.node(node)
-            conditions = mignode.status.conditions if mignode and mignode.status else []
-            if condition_status(conditions, STALE) == "True":
-                state.stale_marks[node] = False
     changed = health.check()
     for node in changed:
         reason = health.reason(node)
@@ -206,17 +205,22 @@ async def _node_health_tick(state: OperatorState, swept: bool) -> bool:
             log.warning("node_unavailable", node=node, reason=reason, why=health.describe(node))
         if reason == "LeaseExpired":
             state.stale_marks[node] = True
-        elif node in state.stale_marks or reason is None:
-            state.stale_marks[node] = False
+    # Stale=True on a node whose agent renews again (set before this tick, or by an earlier
+    # operator): cleared once a renewal is seen, not merely because a Lease exists
+    for node in state.stale_flagged:
+        if health.reason(node) is None and health.heard_since_listed(node):
+            state.stale_marks.setdefault(node, False)
     if changed:
         state.wake_all()
+        counts: Counter[str] = Counter(health.unavailable().values())
+        for reason in get_args(UnavailableReason):
+            state.metrics.unavailable_nodes.labels(reason).set(counts.get(reason, 0))
     for node in changed:
         try:
             await state.publisher.publish(node)
         except (MigpartError, ApiException, aiohttp.ClientError, TimeoutError) as error:
             log.warning("slice_publish_failed", node=node, error=str(error))
     await mark_stale(state)
-    return swept
 
 
 async def mark_stale(state: OperatorState) -> None:
@@ -253,14 +257,18 @@ async def mignode_changed(
         state.publisher.forget(name)
         state.health.forget(name)
         state.stale_marks.pop(name, None)
+        state.stale_flagged.discard(name)
         return
     view = state.scopes.node(name, body)
     if view is None:
         return  # logged by the cache
     state.publisher.observe(view.node)
     status = view.node.status
-    if state.health.mignode(name, status.kubelet_plugin if status else None):
-        log.info("node_registration_changed", node=name, reason=state.health.reason(name))
+    if status is not None and condition_status(status.conditions, STALE) == "True":
+        state.stale_flagged.add(name)
+    else:
+        state.stale_flagged.discard(name)
+    state.health.mignode(name, status.kubelet_plugin if status else None)
     with kopf_errors():
         await state.publisher.publish(name)
 

@@ -134,6 +134,8 @@ class NodeHealth:
     # node -> kubelet's refusal or "waiting", while the agent reports it not registered
     _unregistered: dict[str, str] = field(default_factory=dict)
     _unavailable: dict[str, UnavailableReason] = field(default_factory=dict)
+    # nodes whose verdict changed since the last check (by a check, or by a MigNode event)
+    _changed: set[str] = field(default_factory=set)
 
     # ------------------------------------------------------------ the Lease watch (LeaseSink)
 
@@ -164,8 +166,9 @@ class NodeHealth:
     # ------------------------------------------------------------ MigNodes
 
     def mignode(self, name: str, plugin: KubeletPluginStatus | None) -> bool:
-        """A MigNode event; returns whether the node's availability changed (a registration
-        change takes effect at once, not at the next check)."""
+        """A MigNode event; returns whether the node's availability changed. A registration
+        change takes effect at once (the slice published right after must follow it); the
+        next check still reports it, so that it is acted on in one place."""
         self._nodes.add(name)
         if plugin is not None and not plugin.registered:
             self._unregistered[name] = plugin.message
@@ -177,6 +180,7 @@ class NodeHealth:
         self._nodes.discard(name)
         self._unregistered.pop(name, None)
         self._unavailable.pop(name, None)
+        self._changed.discard(name)
 
     # ------------------------------------------------------------ verdicts
 
@@ -192,6 +196,12 @@ class NodeHealth:
         if self._synced_at is None or renewal is None:
             return None
         return self.clock() - max(renewal[1], self._synced_at)
+
+    def heard_since_listed(self, node: str) -> bool:
+        """Whether this node's Lease was seen renewed after the first list: proof that its
+        agent lives now, not only that a Lease exists."""
+        renewal = self._renewals.get(node)
+        return self._synced_at is not None and renewal is not None and renewal[1] > self._synced_at
 
     def _reason(self, node: str) -> UnavailableReason | None:
         silent = self.silent_s(node)
@@ -209,14 +219,19 @@ class NodeHealth:
             del self._unavailable[node]
         else:
             self._unavailable[node] = reason
+        self._changed.add(node)
         return True
 
     def check(self) -> list[str]:
-        """Recompute every known node; returns the nodes whose availability changed. While
-        the Lease watch is broken nothing changes."""
-        if self._blind:
-            return []
-        return [node for node in sorted(self._nodes) if self._update(node)]
+        """Recompute every known node; returns the nodes whose availability changed since the
+        last check (here or by a MigNode event). While the Lease watch is broken no Lease
+        verdict changes."""
+        if not self._blind:
+            for node in self._nodes:
+                self._update(node)
+        changed = sorted(self._changed)
+        self._changed.clear()
+        return changed
 
     def reason(self, node: str) -> UnavailableReason | None:
         """Why `node` is unavailable as of the last check (None: it is available)."""

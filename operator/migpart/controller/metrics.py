@@ -44,6 +44,12 @@ class Metrics:
             ["policy", "kind"],
             registry=self.registry,
         )
+        self.unavailable_nodes = Gauge(
+            "migpart_unavailable_nodes",
+            "Nodes left out of planning and publishing (reason: LeaseExpired, PluginNotRegistered)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.destroy_aborted = Counter(
             "migpart_destroy_aborted",
             "Devices the destroy protocol kept because a claim was allocated to them",

@@ -130,6 +130,8 @@ class OperatorState:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # node -> the Stale condition its MigNode must still get (True) or lose (False)
     stale_marks: dict[str, bool] = field(default_factory=dict)
+    # nodes whose MigNode says Stale=True now (from the MigNode events)
+    stale_flagged: set[str] = field(default_factory=set)
     # what rounds do to the world; by default the API server (tests pass InMemoryEffects)
     effects: Effects = None  # type: ignore[assignment]
 

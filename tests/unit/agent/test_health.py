@@ -165,6 +165,6 @@ def test_lease_and_registration_flags() -> None:
     assert (config.lease_namespace, config.lease_duration_s, config.lease_renew_s) == ("ops", 20, 5)
     defaults = config_from(parser().parse_args(["--node-name", "n1"]))
     assert not defaults.report_registration
-    assert (defaults.lease_namespace, defaults.lease_duration_s) == ("kube-node-lease", 40)
+    assert (defaults.lease_namespace, defaults.lease_duration_s) == ("kube-node-lease", 25)
     with pytest.raises(ValueError, match="lease"):
         config_from(parser().parse_args(["--node-name", "n1", "--lease-renew-seconds", "0"]))

@@ -128,6 +128,7 @@ async def test_a_failed_status_write_is_counted_and_retried(
 
 def test_status_patch_clears_observed_plan_id() -> None:
     assert status_patch(MigNodeStatus())["status"]["observedPlanId"] is None
+    assert status_patch(MigNodeStatus())["status"]["kubeletPlugin"] is None
     assert status_patch(MigNodeStatus(observed_plan_id="x"))["status"]["observedPlanId"] == "x"
 
 

@@ -194,3 +194,32 @@ def test_while_the_lease_watch_is_broken_no_node_goes_stale() -> None:
     assert h.check() == []
     clock.now += 2
     assert h.check() == ["a"]
+
+
+def test_only_a_renewal_after_the_first_list_proves_an_agent_alive() -> None:
+    clock = Clock()
+    h = health(clock, "a", "b")
+    assert not h.heard_since_listed("a")
+    h.leases_listed({"a": "t1", "b": "t1"})
+    clock.now += 5
+    assert not h.heard_since_listed("a")  # a Lease exists: that says nothing about now
+    h.lease_renewed("a", "t2")
+    assert h.heard_since_listed("a")
+    assert not h.heard_since_listed("b")
+
+
+def test_every_change_is_reported_by_the_next_check_whoever_noticed_it() -> None:
+    """A MigNode event (e.g. the operator's own spec write) landing between a Lease's expiry
+    and the check must not swallow the transition: its side effects (Stale condition, slice,
+    metrics) happen in the check."""
+    clock = Clock()
+    h = health(clock, "a")
+    h.leases_listed({"a": "t1"})
+    clock.now += 50
+    assert h.mignode("a", None)  # the event already sees the expiry ...
+    assert h.check() == ["a"]  # ... and the check still reports it
+    assert h.check() == []
+    h.lease_renewed("a", "t2")
+    assert h.mignode("a", KubeletPluginStatus(registered=False))  # renewed, now unregistered
+    assert h.reason("a") == "PluginNotRegistered"
+    assert h.check() == ["a"]
