@@ -71,7 +71,7 @@ func (f *fakeCRI) CreateContainer(ctx context.Context, req *kubeapi.CreateContai
 		rec.CDIDevices = append(rec.CDIDevices, d.GetName())
 	}
 	for _, kv := range cfg.GetEnvs() {
-		rec.Envs[kv.GetKey()] = kv.GetValue()
+		rec.Envs[kv.GetKey()] = string(kv.GetValue()) // a string up to 1.36, bytes from 1.37
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
