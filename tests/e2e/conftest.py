@@ -209,7 +209,7 @@ class Scenario:
         return str(self.get("pod", pod, "-n", self.namespace).get("status", {}).get("phase"))
 
     def wait_served(self, pod: str, timeout_s: float = 120.0) -> list[dict[str, str]]:
-        """Wait until the pod is bound with its claim allocated and its kubelet runs it (which
+        """Wait until the pod is bound with its claim allocated and its kubelet ran it (which
         means the agent prepared the claim); return the claim's devices."""
         self.eventually(
             f"pod {pod} bound with its claim allocated",
@@ -217,7 +217,11 @@ class Scenario:
             timeout_s,
         )
         devices = self.allocated(pod)
-        self.eventually(f"pod {pod} Running", lambda: self.phase(pod) == "Running", timeout_s)
+        self.eventually(
+            f"pod {pod} Running",
+            lambda: self.phase(pod) in ("Running", "Succeeded"),  # a batch pod may be done
+            timeout_s,
+        )
         return devices
 
     def finish(self, pod: str) -> None:

@@ -134,13 +134,20 @@ def test_spares_are_kept_free(scenario: Scenario) -> None:
     assert instances(scenario, node) == [(0, "1g.10gb", "Free")] * 2
 
 
-def test_deleted_pod_frees_its_device_for_reuse(scenario: Scenario) -> None:
+@pytest.mark.parametrize("ending", ["deleted", "exited"])
+def test_a_finished_pod_frees_its_device_for_reuse(scenario: Scenario, ending: str) -> None:
+    """The pod is deleted, or its container exits (a batch pod: it Succeeds): either way its
+    kubelet unprepares the claim, the agent frees the instance, and the next pod gets the same
+    instance, with no repartition."""
     node = scenario.add_node(f"{H100}:1")
     scenario.policy()
-    scenario.pod("first", by_profile("4g.40gb"))
+    scenario.pod("first", by_profile("4g.40gb"), run_s=5 if ending == "exited" else None)
     first = scenario.wait_served("first")
     plan_id = scenario.mignode(node)["spec"]["planId"]
-    scenario.finish("first")
+    if ending == "deleted":
+        scenario.finish("first")
+    else:
+        scenario.eventually("the pod Succeeded", lambda: scenario.phase("first") == "Succeeded")
     scenario.eventually(
         "the instance is free again",
         lambda: instances(scenario, node, "Free") == [(0, "4g.40gb", "Free")],
@@ -202,25 +209,6 @@ def test_the_sample_manifests_work_as_shipped(scenario: Scenario) -> None:
         )
     finally:
         scenario.tb.kubectl("delete", "gpupartitionpolicy", "inference-pool", "--wait=false")
-
-
-def test_exited_container_frees_its_instance_for_reuse(scenario: Scenario) -> None:
-    """A batch pod's container exits: the pod Succeeds, its kubelet unprepares the claim, the
-    agent frees the instance, and the next pod gets the same instance, with no repartition."""
-    node = scenario.add_node(f"{H100}:1")
-    scenario.policy()
-    scenario.pod("batch", by_profile("2g.20gb"), run_s=3)
-    first = scenario.wait_served("batch")
-    plan_id = scenario.mignode(node)["spec"]["planId"]
-    scenario.eventually("the pod Succeeded", lambda: scenario.phase("batch") == "Succeeded")
-    scenario.eventually(
-        "the instance is free again",
-        lambda: instances(scenario, node, "Free") == [(0, "2g.20gb", "Free")],
-    )
-    scenario.pod("next", by_profile("2g.20gb"))
-    second = scenario.wait_served("next")
-    assert second[0]["device"] == first[0]["device"]
-    assert scenario.mignode(node)["spec"]["planId"] == plan_id  # reused, no repartition
 
 
 def test_cdi_ids_given_to_the_runtime_name_the_allocated_instance(scenario: Scenario) -> None:

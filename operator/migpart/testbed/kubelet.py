@@ -38,7 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from migpart.testbed.run import Testbed, TestbedError, free_port, terminate_all
+from migpart.testbed.run import (
+    KUBECONFIG_TEMPLATE,
+    Testbed,
+    TestbedError,
+    free_port,
+    terminate_all,
+)
 
 DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 RUN_SECONDS_ENV = "MIGPART_FAKE_RUN_SECONDS"
@@ -79,23 +85,6 @@ authorization:
   mode: AlwaysAllow
 nodeStatusUpdateFrequency: 2s
 nodeStatusReportFrequency: 10s
-"""
-
-KUBELET_KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters:
-- name: testbed
-  cluster:
-    server: {server}
-    insecure-skip-tls-verify: true
-users:
-- name: kubelet
-  user:
-    token: {token}
-contexts:
-- name: testbed
-  context: {{cluster: testbed, user: kubelet}}
-current-context: testbed
 """
 
 
@@ -197,7 +186,7 @@ class NodeKubelet:
             "create", "token", account, "-n", "kube-system", "--duration=48h"
         ).strip()
         (self.dir / "kubeconfig").write_text(
-            KUBELET_KUBECONFIG.format(server=self.testbed.server, token=token)
+            KUBECONFIG_TEMPLATE.format(server=self.testbed.server, token=token)
         )
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Any:
