@@ -28,6 +28,11 @@ from migpart.testbed.kubelet import RUN_SECONDS_ENV
 from tests.testbeds import running_testbed
 
 H100 = "NVIDIA H100 80GB HBM3"
+# The agents' Lease timeout in this suite (default 40 s). A kubelet wipes a driver's slices 30 s
+# after its plugin went away; with 40 s a killed agent's node would still count as available
+# when that happens and the operator would republish its devices until the Lease expired.
+# 15 s (renewed every 3 s) makes the node unavailable first (test_kubelet.py).
+LEASE_TIMEOUT_S = 15
 H200 = "NVIDIA H200"
 _ids = itertools.count(1)
 
@@ -41,9 +46,18 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
 
 @pytest.fixture(scope="package")
 def cluster(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(testbed, tmp_path_factory.mktemp("e2e"))
+    local = LocalCluster(
+        testbed,
+        tmp_path_factory.mktemp("e2e"),
+        agent_flags=[
+            "--lease-duration-seconds",
+            str(LEASE_TIMEOUT_S),
+            "--lease-renew-seconds",
+            str(LEASE_TIMEOUT_S / 5),
+        ],
+    )
     local.install()
-    local.start_operator()
+    local.start_operator("--lease-timeout-seconds", str(LEASE_TIMEOUT_S))
     try:
         yield local
     finally:

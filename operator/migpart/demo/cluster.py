@@ -7,7 +7,9 @@ the container runtime (the kubelet's fake CRI, see `migpart.testbed.kubelet`) ar
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +48,8 @@ class LocalCluster:
     testbed: Testbed
     dir: Path
     nodes: dict[str, SimNode] = field(default_factory=dict)
+    # flags added to every agent (e.g. shorter Lease timings for tests)
+    agent_flags: list[str] = field(default_factory=list)
     _operator: tuple[subprocess.Popen[bytes], IO[bytes]] | None = None
 
     def install(self) -> None:
@@ -111,8 +115,11 @@ class LocalCluster:
             str(kubelet.plugin_dir(DRIVER)),
             "--registration-dir",
             str(kubelet.registration_dir),
+            # the kubelet registers the plugin: the operator publishes only once it has
+            "--report-registration",
             "--metrics-port",
             "0",
+            *self.agent_flags,
         ]
         node = SimNode(name, gpus, node_dir, kubelet, args)
         self.nodes[name] = node
@@ -124,6 +131,16 @@ class LocalCluster:
         node = self.nodes[name]
         if node.proc is None or node.proc.poll() is not None:
             node.proc, node.log = self._spawn(f"agent-{name}", node.agent_args)
+
+    def kill_agent(self, name: str) -> None:
+        """SIGKILL the agent, as a crash would: no cleanup, its sockets stay behind."""
+        node = self.nodes[name]
+        if node.proc is not None and node.log is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.proc.pid, signal.SIGKILL)
+            node.proc.wait()
+            node.log.close()
+        node.proc = node.log = None
 
     def stop_agent(self, name: str, grace_s: float = 10.0) -> None:
         node = self.nodes[name]
