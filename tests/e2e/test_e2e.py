@@ -226,6 +226,7 @@ def test_cdi_ids_given_to_the_runtime_name_the_allocated_instance(scenario: Scen
         "uid"
     ]
     sim = scenario.cluster.nodes[node]
+    assert sim.kubelet is not None
     created = [c for c in sim.kubelet.created_containers() if c["podUid"] == pod["metadata"]["uid"]]
     assert [c["container"] for c in created] == ["c"]
     name = f"{claim_uid}-{device['device']}"

@@ -58,6 +58,7 @@ def test_kubelet_restart_wipes_the_slice_migpart_republishes_and_pods_keep_devic
     )
     before = generation(scenario, node)
     kubelet = scenario.cluster.nodes[node].kubelet
+    assert kubelet is not None
     created = len(kubelet.created_containers())
     kubelet.stop_kubelet()
     kubelet.start_kubelet()

@@ -30,15 +30,23 @@ DEVICE_CLASS = REPO / "manifests" / "deviceclass.yaml"
 
 @dataclass
 class SimNode:
-    """A node: its real kubelet (with the fake runtime) and its agent on simulated NVML."""
+    """A node: its real kubelet (with the fake runtime), or none, and its agent on simulated
+    NVML."""
 
     name: str
     gpus: str
     dir: Path
-    kubelet: NodeKubelet
+    kubelet: NodeKubelet | None
     agent_args: list[str]
     proc: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = None
+
+    @property
+    def plugin_socket(self) -> Path:
+        """The agent's DRA socket."""
+        if self.kubelet is not None:
+            return self.kubelet.plugin_dir(DRIVER) / "dra.sock"
+        return self.dir / "plugins" / "dra.sock"
 
 
 @dataclass
@@ -85,18 +93,37 @@ class LocalCluster:
         gpus: str = "NVIDIA H100 80GB HBM3:8",
         labels: dict[str, str] | None = None,
         sim_latency_ms: float = 0.0,
+        extra_args: tuple[str, ...] = (),
+        kubelet: bool = True,
     ) -> SimNode:
         """A real kubelet that registers the Node (Ready, schedulable), then a
-        `migpart agent --simulate` process whose DRA plugin registers with that kubelet."""
+        `migpart agent --simulate` process whose DRA plugin registers with that kubelet
+        (`extra_args` are appended to the agent's flags). With `kubelet=False` the Node is an
+        API object only (`Testbed.add_node`) and no kubelet runs: for bench/chaos.py, which
+        drives pods with its own light stand-in."""
         node_dir = self.dir / "nodes" / name
         node_dir.mkdir(parents=True, exist_ok=True)
-        kubelet = NodeKubelet(
-            self.testbed,
-            name,
-            node_dir / "k",
-            {"nvidia.com/mig.capable": "true", **(labels or {})},
-        )
-        kubelet.start()
+        all_labels = {"nvidia.com/mig.capable": "true", **(labels or {})}
+        real: NodeKubelet | None = None
+        if kubelet:
+            real = NodeKubelet(self.testbed, name, node_dir / "k", all_labels)
+            real.start()
+            dirs = [
+                "--plugin-dir",
+                str(real.plugin_dir(DRIVER)),
+                "--registration-dir",
+                str(real.registration_dir),
+                # the kubelet registers the plugin: the operator publishes only once it has
+                "--report-registration",
+            ]
+        else:
+            self.testbed.add_node(name, all_labels)
+            dirs = [
+                "--plugin-dir",
+                str(node_dir / "plugins"),
+                "--registration-dir",
+                str(node_dir / "registry"),
+            ]
         args = [
             "agent",
             "--simulate",
@@ -111,17 +138,13 @@ class LocalCluster:
             str(node_dir / "state"),
             "--cdi-dir",
             str(node_dir / "cdi"),
-            "--plugin-dir",
-            str(kubelet.plugin_dir(DRIVER)),
-            "--registration-dir",
-            str(kubelet.registration_dir),
-            # the kubelet registers the plugin: the operator publishes only once it has
-            "--report-registration",
+            *dirs,
             "--metrics-port",
             "0",
             *self.agent_flags,
+            *extra_args,
         ]
-        node = SimNode(name, gpus, node_dir, kubelet, args)
+        node = SimNode(name, gpus, node_dir, real, args)
         self.nodes[name] = node
         self.start_agent(name)
         return node
@@ -132,13 +155,22 @@ class LocalCluster:
         if node.proc is None or node.proc.poll() is not None:
             node.proc, node.log = self._spawn(f"agent-{name}", node.agent_args)
 
+    def restart_agent(self, name: str) -> None:
+        """Start the node's agent again with the flags it had."""
+        self.start_agent(name)
+
+    def kill_operator(self) -> None:
+        """SIGKILL the operator (start it again with `start_operator`)."""
+        if self._operator:
+            _kill(self._operator[0])
+            self._operator[1].close()
+            self._operator = None
+
     def kill_agent(self, name: str) -> None:
         """SIGKILL the agent, as a crash would: no cleanup, its sockets stay behind."""
         node = self.nodes[name]
         if node.proc is not None and node.log is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.proc.pid, signal.SIGKILL)
-            node.proc.wait()
+            _kill(node.proc)
             node.log.close()
         node.proc = node.log = None
 
@@ -153,7 +185,8 @@ class LocalCluster:
         the MigNode and ResourceSlices the Node owns."""
         node = self.nodes.get(name)
         if node is not None:
-            node.kubelet.stop()
+            if node.kubelet is not None:
+                node.kubelet.stop()
             self.stop_agent(name)
             del self.nodes[name]
         self.testbed.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")
@@ -180,7 +213,8 @@ class LocalCluster:
         """Raise with the log tail of any component that died."""
         self.testbed.check_alive()
         for node in self.nodes.values():
-            node.kubelet.check_alive()
+            if node.kubelet is not None:
+                node.kubelet.check_alive()
         procs = [(f"agent-{n.name}", n.proc) for n in self.nodes.values() if n.proc is not None]
         if self._operator:
             procs.append(("operator", self._operator[0]))
@@ -202,9 +236,18 @@ class LocalCluster:
     def stop(self) -> None:
         self.stop_operator()
         for name in list(self.nodes):
-            self.nodes[name].kubelet.stop()
+            kubelet = self.nodes[name].kubelet
+            if kubelet is not None:
+                kubelet.stop()
             self.stop_agent(name)
         self.nodes.clear()
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _terminate(proc: subprocess.Popen[bytes], log: IO[bytes], grace_s: float = 10.0) -> None:

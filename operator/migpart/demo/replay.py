@@ -62,7 +62,9 @@ def claim_template(profile: str, count: int, by_memory_mib: int | None = None) -
     }
 
 
-def pod_body(name: str, template: str, run_s: float) -> dict[str, Any]:
+def pod_body(name: str, template: str, run_s: float | None = None) -> dict[str, Any]:
+    """A pod of the claim template; on a real kubelet its container exits after `run_s`."""
+    env = [] if run_s is None else [{"name": RUN_SECONDS_ENV, "value": f"{run_s:.1f}"}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -72,7 +74,7 @@ def pod_body(name: str, template: str, run_s: float) -> dict[str, Any]:
                 {
                     "name": "work",
                     "image": "registry.k8s.io/pause:3.10",
-                    "env": [{"name": RUN_SECONDS_ENV, "value": f"{run_s:.1f}"}],
+                    "env": env,
                     "resources": {"claims": [{"name": "gpu"}]},
                 }
             ],
