@@ -185,6 +185,10 @@ class NodeIndex:
                 cand = (top[0] + (rank << RANK), top[1])
                 if best is None or cand < best:
                     best = cand
+        return self._found(shape, best)
+
+    def _found(self, shape: Shape, best: tuple[int, int] | None) -> Found | None:
+        """The single device on node `best[1]` that a heap walk chose (None: no node)."""
         if best is None:
             return None
         found = self.evaluate(best[1], shape.profiles, 1)
@@ -226,12 +230,7 @@ class NodeIndex:
             heapq.heappush(self.heaps[profile], entry)
         if deep:
             return self._by_shape(shape)
-        if best is None:
-            return None
-        found = self.evaluate(best[1], shape.profiles, 1)
-        if found is None:  # cannot happen: the heap entry is fresh
-            return None
-        return (found[0], best[1], found[1])
+        return self._found(shape, best)
 
     def _by_shape(self, shape: Shape) -> Found | None:
         """The cheapest node from the shape's own heap of full costs (exact, as the scan).
