@@ -74,10 +74,10 @@ INSTALLED_KINDS = {
 
 # (apiGroup, resource, verb) for every API call of the operator, with where it comes from.
 OPERATOR_NEEDS = {
-    # kopf index claims_index; list_claims_quorum (destroy protocol)
+    # watched index claims_index (kube/watch.py); list_claims_quorum (destroy protocol)
     ("resource.k8s.io", "resourceclaims", "list"),
     ("resource.k8s.io", "resourceclaims", "watch"),
-    # kopf indexes waiting_index, nodes_index, classes_index
+    # watched index waiting_index (kube/watch.py); kopf indexes nodes_index, classes_index
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "nodes", "list"),

@@ -19,7 +19,7 @@ def layout_changes(snapshot: Snapshot, plan: Plan) -> Changes:
     Plans cover every GPU of the policy (thousands at scale) and few of them change: plain
     tuples and an early exit for empty GPUs keep this a small part of a round.
     """
-    now = {(n.name, g.index): g.instances for n in snapshot.nodes for g in n.gpus}
+    now = {(n.name, g.index): g.instances for n in snapshot.nodes for g in n.gpus if g.instances}
     changes: Changes = {}
     for g in plan.gpus:
         have = now.get((g.node, g.index), ())

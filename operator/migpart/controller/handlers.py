@@ -36,7 +36,14 @@ from migpart.api.models import (
 from migpart.controller.bodies import parse_policy
 from migpart.controller.errors import kopf_errors
 from migpart.controller.health import NodeHealth, await_crds
-from migpart.controller.indexes import INDEX_IDS, INDEXES, RESOURCE, state_of
+from migpart.controller.indexes import (
+    INDEX_IDS,
+    INDEXES,
+    RESOURCE,
+    state_of,
+    watch_index,
+    watched_indexes,
+)
 from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
 from migpart.controller.reconcile import report_invalid
@@ -124,10 +131,15 @@ async def startup(
     state.resync = asyncio.create_task(
         resync_slices(publisher, config.slice_resync_s), name="slice-resync"
     )
+    state.watched = watched_indexes(state)
     state.tasks = [
         asyncio.create_task(await_crds(api, config.served), name="await-crds"),
         asyncio.create_task(watch_leases(api, config.lease_namespace, health), name="leases"),
         asyncio.create_task(follow_node_health(state), name="node-health"),
+        *(
+            asyncio.create_task(watch_index(api, index_id, index), name=index_id)
+            for index_id, index in state.watched.items()
+        ),
     ]
     log.info(
         "operator_started",
@@ -294,7 +306,7 @@ async def policy_changed(
     """Start (or stop) the policy's planning loop; report an invalid spec in its status."""
     state = state_of(memo)
     if state.indexes is None:  # the same live index views for every handler call
-        state.indexes = {key: kwargs[key] for key in INDEX_IDS}
+        state.indexes = {**{key: kwargs[key] for key in INDEX_IDS}, **state.watched}
     if type == "DELETED":
         state.workers.stop(name)
         return

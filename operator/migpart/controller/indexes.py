@@ -1,24 +1,29 @@
-"""The kopf indexes: in-memory maps of the watched objects that every planning round reads.
+"""The indexes: in-memory maps of the watched objects that every planning round reads.
 
-Each index handler keeps what a round needs of one object and wakes the planning loops (a
-change counts as one: see `OperatorState.changes`); `cluster_from` turns the live indexes into
-the `Cluster` value a round works on, and `with_own_writes` lays over it the MigNodes the
-operator wrote that the watch has not shown yet.
+Each index keeps what a round needs of one object and wakes the planning loops (a change
+counts as one: see `OperatorState.changes`). MigNodes, Nodes, policies and DeviceClasses are
+kopf indexes (`INDEXES`); claims and waiting pods, the kinds with the most events, are kept
+by the operator's own plain-JSON watches (`WATCHED`, `kube.watch`), which cost a fraction of
+kopf's per-event handling. `cluster_from` turns the live indexes into the `Cluster` value a
+round works on, and `with_own_writes` lays over it the MigNodes the operator wrote that the
+watch has not shown yet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
+from kubernetes_asyncio.client import ApiClient
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.kube.claims import claim_key, pod_claim_keys, pod_waiting
 from migpart.kube.placement import NodeFacts, node_facts, pod_placement
+from migpart.kube.watch import Index, ListCall, all_claims, all_pods, follow
 
 RESOURCE = ("resource.k8s.io", "v1")
 Body = Mapping[str, Any]
@@ -45,15 +50,28 @@ def _flatten(index: Mapping[Any, Any]) -> dict[str, Any]:
     return out
 
 
+class _Labels(Mapping[str, Mapping[str, str]]):
+    """Node name -> labels, read through the nodes' facts (no copy per round)."""
+
+    def __init__(self, facts: Mapping[str, NodeFacts]) -> None:
+        self._facts = facts
+
+    def __getitem__(self, name: str) -> Mapping[str, str]:
+        return self._facts[name].labels
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._facts)
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+
 def cluster_from(indexes: Mapping[str, Any]) -> Cluster:
     """The round's view of the cluster, read from the live indexes."""
-    nodes = {
-        name: NodeFacts(facts["labels"], tuple(facts["taints"]))
-        for name, facts in _flatten(indexes["nodes_index"]).items()
-    }
+    nodes: dict[str, NodeFacts] = _flatten(indexes["nodes_index"])
     return Cluster(
         mignodes=_flatten(indexes["mignodes_index"]),
-        node_labels={name: facts.labels for name, facts in nodes.items()},
+        node_labels=_Labels(nodes),
         policies=_flatten(indexes["policies_index"]),
         claims=_flatten(indexes["claims_index"]),
         waiting={str(k): tuple(store) for k, store in indexes["waiting_index"].items()},
@@ -62,26 +80,52 @@ def cluster_from(indexes: Mapping[str, Any]) -> Cluster:
     )
 
 
-async def claims_index(
-    namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
-) -> Any:
-    state_of(memo).wake_all()
+def claim_entry(body: Body) -> dict[str, Any]:
+    """Claim key -> what a round needs of the claim (the `claims` watched index)."""
+    meta = body.get("metadata") or {}
     value = _plain(body, ("metadata", "spec", "status"))
     value["apiVersion"] = "resource.k8s.io/v1"
     value["kind"] = "ResourceClaim"
-    return {claim_key(namespace or "", name): value}
+    return {claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or "")): value}
 
 
-async def waiting_index(body: kopf.Body, memo: Any, **_: Any) -> Any:
-    """Claim key -> the placement and priority of a waiting pod (`pod_waiting`) that uses it."""
+def waiting_entry(body: Body) -> dict[str, Any] | None:
+    """Claim key -> the placement and priority of a waiting pod (`pod_waiting`) that uses it
+    (the `waiting` watched index)."""
     claims = pod_claim_keys(body)
-    if not claims:
-        return None
-    state_of(memo).wake_all()  # also when it stops waiting: the claim may be served
-    if not pod_waiting(body):
+    if not claims or not pod_waiting(body):
         return None
     placement = pod_placement(body)
     return {key: placement for key in claims}
+
+
+@dataclass(frozen=True)
+class Watched:
+    """An index the operator keeps with its own watch (kube.watch), not kopf's."""
+
+    lister: Callable[[ApiClient], ListCall]  # the cluster-wide list call
+    entry: Callable[[Body], Mapping[str, Any] | None]
+    selectors: Mapping[str, str] = field(default_factory=dict)
+
+
+# The kinds with the most events. id -> how to keep it.
+WATCHED: dict[str, Watched] = {
+    "claims_index": Watched(all_claims, claim_entry),
+    # pods no node holds yet: a bound pod leaves the watch (a DELETED event), and the
+    # cluster's running pods cost nothing
+    "waiting_index": Watched(all_pods, waiting_entry, {"field_selector": "spec.nodeName="}),
+}
+
+
+def watched_indexes(state: OperatorState) -> dict[str, Index]:
+    """A fresh `kube.watch.Index` per WATCHED id, waking the planning loops on each change."""
+    return {index_id: Index(w.entry, state.wake_all) for index_id, w in WATCHED.items()}
+
+
+async def watch_index(api: ApiClient, index_id: str, index: Index) -> None:
+    """Keep one of the WATCHED indexes until cancelled."""
+    watched = WATCHED[index_id]
+    await follow(watched.lister(api), index, index_id, **watched.selectors)
 
 
 async def mignodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
@@ -107,14 +151,12 @@ async def classes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
 
 # (group, version, plural) and handler of every index; the handler's name is the index id.
 INDEXES: tuple[tuple[tuple[str, str, str], Any], ...] = (
-    ((*RESOURCE, "resourceclaims"), claims_index),
-    (("", "v1", "pods"), waiting_index),
     ((GROUP, VERSION, MIGNODE_PLURAL), mignodes_index),
     (("", "v1", "nodes"), nodes_index),
     ((GROUP, VERSION, POLICY_PLURAL), policies_index),
     ((*RESOURCE, "deviceclasses"), classes_index),
 )
-INDEX_IDS = tuple(handler.__name__ for _, handler in INDEXES)
+INDEX_IDS = tuple(handler.__name__ for _, handler in INDEXES)  # kopf's
 
 
 def _revision(body: Body) -> int | None:

@@ -40,6 +40,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
     again = True  # the last round wants another one even if nothing changes
     last_round = 0.0
     try:
+        await state.watched_synced()
         while not stopped.is_set():
             wake.clear()
             assert state.indexes is not None  # set before the first worker starts

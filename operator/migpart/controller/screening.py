@@ -16,6 +16,7 @@ reports it as Unsatisfiable instead, with the largest node's bound.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -28,12 +29,11 @@ from migpart.api.models import (
     GpuStatus,
     MigNode,
 )
-from migpart.mig import Instance, layout_problems
+from migpart.mig import Instance, ModelTable, layout_problems
 
 if TYPE_CHECKING:
     from migpart.api.models import GpuPartitionPolicy
     from migpart.controller.scope import Cluster, Scope
-    from migpart.mig import ModelTable
     from migpart.planning.model import Request
 
 # A status with more of these than a node can have is not read further (a huge status).
@@ -55,13 +55,15 @@ def node_problem(node: MigNode) -> str | None:
             f"{len(mig)} MIG GPUs; a MigNode spec lists at most {MAX_GPUS}, so migpart cannot"
             " repartition this node"
         )
-    seen: dict[str, GpuStatus] = {}
+    seen: dict[str, tuple[GpuStatus, ModelTable]] = {}
     for gpu in mig:
-        problem = gpu_problem(gpu)
+        table = gpu.table() if len(gpu.profiles) <= MAX_REPORTED_PROFILES else None
+        problem = gpu_problem(gpu, table)
         if problem is not None:
             return f"GPU {gpu.index}: {problem}"
-        first = seen.setdefault(gpu.model, gpu)
-        if first.table() != gpu.table():
+        assert table is not None  # a table over the limit is a problem
+        first, first_table = seen.setdefault(gpu.model, (gpu, table))
+        if first_table != table:
             return (
                 f"GPUs {first.index} and {gpu.index} are both {gpu.model} but report different"
                 " profile tables"
@@ -69,39 +71,50 @@ def node_problem(node: MigNode) -> str | None:
     return None
 
 
-def gpu_problem(gpu: GpuStatus) -> str | None:
-    """Why one MIG GPU's reported table or instances are impossible, or None."""
+def gpu_problem(gpu: GpuStatus, table: ModelTable | None) -> str | None:
+    """Why one MIG GPU's reported table (`gpu.table()`, None when it lists too many profiles
+    to read) or instances are impossible, or None."""
     if gpu.index > MAX_GPU_INDEX:
         return f"index out of range (a MigNode spec names GPUs 0 to {MAX_GPU_INDEX})"
-    if not 1 <= gpu.compute_slices <= MAX_SLICES or not 1 <= gpu.memory_slices <= MAX_SLICES:
-        return (
-            f"{gpu.compute_slices} compute and {gpu.memory_slices} memory slices are out of range"
-            f" (1 to {MAX_SLICES})"
-        )
-    if not gpu.profiles:
-        return "MIG is enabled but no profile table is reported"
-    if len(gpu.profiles) > MAX_REPORTED_PROFILES:
+    if table is None:
         return f"{len(gpu.profiles)} profiles reported; at most {MAX_REPORTED_PROFILES} are read"
-    names: set[str] = set()
-    for p in gpu.profiles:
-        if p.name in names:
-            return f"profile {p.name} is reported twice"
-        names.add(p.name)
-        if not (
-            1 <= p.compute_slices <= gpu.compute_slices
-            and 1 <= p.memory_slices <= gpu.memory_slices
-            and all(s + p.memory_slices <= gpu.memory_slices for s in p.placements)
-        ):
-            return (
-                f"profile {p.name} does not fit the GPU's {gpu.compute_slices} compute and"
-                f" {gpu.memory_slices} memory slices"
-            )
+    problem = _table_problem(table)
+    if problem is not None:
+        return problem
     if len(gpu.instances) > MAX_INSTANCES_PER_GPU:
         return (
             f"{len(gpu.instances)} instances reported; a GPU holds at most {MAX_INSTANCES_PER_GPU}"
         )
-    problems = layout_problems(gpu.table(), [Instance(i.profile, i.start) for i in gpu.instances])
+    problems = layout_problems(table, [Instance(i.profile, i.start) for i in gpu.instances])
     return problems[0] if problems else None
+
+
+@functools.lru_cache(maxsize=64)
+def _table_problem(table: ModelTable) -> str | None:
+    """Why a reported profile table is impossible, or None. Every GPU of a model reports the
+    same table, and every MigNode event carries them all: checked once per distinct table."""
+    if not 1 <= table.compute_slices <= MAX_SLICES or not 1 <= table.memory_slices <= MAX_SLICES:
+        return (
+            f"{table.compute_slices} compute and {table.memory_slices} memory slices are out of"
+            f" range (1 to {MAX_SLICES})"
+        )
+    if not table.profiles:
+        return "MIG is enabled but no profile table is reported"
+    names: set[str] = set()
+    for p in table.profiles:
+        if p.name in names:
+            return f"profile {p.name} is reported twice"
+        names.add(p.name)
+        if not (
+            1 <= p.compute_slices <= table.compute_slices
+            and 1 <= p.memory_slices <= table.memory_slices
+            and all(s + p.memory_slices <= table.memory_slices for s in p.placements)
+        ):
+            return (
+                f"profile {p.name} does not fit the GPU's {table.compute_slices} compute and"
+                f" {table.memory_slices} memory slices"
+            )
+    return None
 
 
 def excluded_for(
@@ -168,10 +181,12 @@ def oversized(scope: Scope, claims: Mapping[str, Any]) -> Scope:
             for n in scope.nodes
             if request.nodes is None or str(n.metadata.get("name", "")) in request.nodes
         ]
-        largest = max((node_bound(n, request.profiles) for n in nodes), default=0)
-        if request.count <= largest:
+        # stop at the first node that can hold it (the usual case): the full sum over every
+        # node is only paid for the message of a request that is refused
+        if any(request.count <= node_bound(n, request.profiles) for n in nodes):
             kept.append(request)
             continue
+        largest = max((node_bound(n, request.profiles) for n in nodes), default=0)
         refused.append(
             (
                 body,

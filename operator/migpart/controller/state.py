@@ -24,6 +24,7 @@ from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
 from migpart.kube.slices import SlicePublisher
 from migpart.kube.snapshot import SnapshotCache
+from migpart.kube.watch import Index
 from migpart.planning.model import Plan, Request
 
 # How long a quorum-read sighting of an allocation stands in for the claim watch (which
@@ -120,8 +121,11 @@ class OperatorState:
     plans: dict[str, tuple[PlanInputs, Plan]] = field(default_factory=dict)
     # one planning loop per policy (loop.plan_policy)
     workers: Workers = field(default_factory=Workers)
-    # kopf's live index views (id -> index), kept from the first policy event for the loops
+    # the live index views (id -> index), kept from the first policy event for the loops:
+    # kopf's and `watched`
     indexes: Mapping[str, Any] | None = None
+    # the indexes kept by the operator's own watches (controller.indexes.WATCHED)
+    watched: dict[str, Index] = field(default_factory=dict)
     # the task that republishes every slice periodically (handlers.resync_slices)
     resync: asyncio.Task[None] | None = None
     # which nodes are unavailable (agent Lease expired, plugin not registered), and the
@@ -142,3 +146,9 @@ class OperatorState:
     def wake_all(self) -> None:
         self.changes += 1
         self.workers.wake_all()
+
+    async def watched_synced(self) -> None:
+        """Until every watched index has listed once it is not the cluster's: a round must
+        not read it (an empty claim index would hide every allocated device)."""
+        for index in self.watched.values():
+            await index.synced.wait()

@@ -38,14 +38,15 @@ class NodeFacts:
     taints: tuple[Mapping[str, Any], ...] = ()
 
 
-def node_facts(body: Body) -> dict[str, Any]:
-    """The labels and taints of a Node body, as plain data for an index."""
+def node_facts(body: Body) -> NodeFacts:
+    """The labels and taints of a Node body, for an index (built once per Node event, not
+    once per round)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    return {
-        "labels": dict(meta.get("labels") or {}),
-        "taints": [dict(t) for t in spec.get("taints") or []],
-    }
+    return NodeFacts(
+        labels=dict(meta.get("labels") or {}),
+        taints=tuple(dict(t) for t in spec.get("taints") or []),
+    )
 
 
 def pod_placement(pod: Body) -> dict[str, Any]:

@@ -20,10 +20,9 @@ from tests.unit.controller.test_round import one_gpu, operator, world
 
 def indexed(state: OperatorState, cluster: Cluster) -> OperatorState:
     """`state` with kopf-like index views of `cluster` (index id -> key -> stored values)."""
-    facts = {n: {"labels": f.labels, "taints": f.taints} for n, f in cluster.node_facts.items()}
     one_each: dict[str, Mapping[str, Any]] = {
         "mignodes_index": cluster.mignodes,
-        "nodes_index": facts,
+        "nodes_index": cluster.node_facts,
         "policies_index": cluster.policies,
         "claims_index": cluster.claims,
         "classes_index": cluster.device_classes,

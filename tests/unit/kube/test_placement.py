@@ -152,8 +152,8 @@ def test_prefer_no_schedule_taints_do_not_exclude() -> None:
 
 def test_node_facts_from_a_node_body() -> None:
     body = {"metadata": {"name": "n", "labels": {"pool": "infer"}}, "spec": {"taints": [GPU_TAINT]}}
-    assert node_facts(body) == {"labels": {"pool": "infer"}, "taints": [GPU_TAINT]}
-    assert node_facts({"metadata": {"name": "n"}}) == {"labels": {}, "taints": []}
+    assert node_facts(body) == NodeFacts({"pool": "infer"}, (GPU_TAINT,))
+    assert node_facts({"metadata": {"name": "n"}}) == NodeFacts({}, ())
 
 
 def test_filter_says_none_when_nothing_constrains() -> None:
