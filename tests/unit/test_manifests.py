@@ -84,7 +84,7 @@ OPERATOR_NEEDS = {
     ("", "nodes", "watch"),
     ("resource.k8s.io", "deviceclasses", "list"),
     ("resource.k8s.io", "deviceclasses", "watch"),
-    # handlers.slice_changed (kopf watch); SlicePublisher._read / create / replace
+    # kube/slices.py watch_slices (own watch); SlicePublisher._read / create / replace
     ("resource.k8s.io", "resourceslices", "list"),
     ("resource.k8s.io", "resourceslices", "watch"),
     ("resource.k8s.io", "resourceslices", "get"),

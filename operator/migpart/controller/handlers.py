@@ -39,7 +39,6 @@ from migpart.controller.health import NodeHealth, await_crds
 from migpart.controller.indexes import (
     INDEX_IDS,
     INDEXES,
-    RESOURCE,
     state_of,
     watch_index,
     watched_indexes,
@@ -52,7 +51,7 @@ from migpart.errors import MigpartError
 from migpart.kube.client import open_client
 from migpart.kube.leases import STALE, stale_conditions, watch_leases
 from migpart.kube.objects import patch_mignode_conditions
-from migpart.kube.slices import SLICE_LABELS, Published, SlicePublisher
+from migpart.kube.slices import Published, SlicePublisher, watch_slices
 
 log = structlog.get_logger(__name__)
 
@@ -136,6 +135,7 @@ async def startup(
         asyncio.create_task(await_crds(api, config.served), name="await-crds"),
         asyncio.create_task(watch_leases(api, config.lease_namespace, health), name="leases"),
         asyncio.create_task(follow_node_health(state), name="node-health"),
+        asyncio.create_task(watch_slices(api, publisher), name="resourceslices"),
         *(
             asyncio.create_task(watch_index(api, index_id, index), name=index_id)
             for index_id, index in state.watched.items()
@@ -285,21 +285,6 @@ async def mignode_changed(
         await state.publisher.publish(name)
 
 
-async def slice_changed(type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    """The publisher's view of our slices comes from here, not from GETs; a slice deleted
-    under a known node (by hand, or by a kubelet wiping its node's slices) is written
-    again at once."""
-    publisher = state_of(memo).publisher
-    if type != "DELETED":
-        publisher.observe_slice(body)
-        return
-    node = publisher.slice_deleted(body)
-    if node is not None and node in publisher.nodes():
-        log.info("resource_slice_deleted", node=node)
-        with kopf_errors():
-            await publisher.publish(node)
-
-
 async def policy_changed(
     type: str | None, name: str, body: kopf.Body, memo: Any, **kwargs: Any
 ) -> None:
@@ -328,11 +313,5 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     for (group, version, plural), handler in INDEXES:
         kopf.index(group, version, plural, registry=registry, id=handler.__name__)(handler)
     kopf.on.event(GROUP, VERSION, MIGNODE_PLURAL, registry=registry)(mignode_changed)
-    kopf.on.event(
-        *RESOURCE,
-        "resourceslices",
-        registry=registry,
-        labels=dict(SLICE_LABELS),
-    )(slice_changed)
     kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)(policy_changed)
     return registry

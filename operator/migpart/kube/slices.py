@@ -34,18 +34,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi, ResourceV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode
 from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION, DeviceId
-from migpart.errors import StaleSnapshot
+from migpart.errors import MigpartError, StaleSnapshot
 from migpart.kube.cel import slice_device
+from migpart.kube.watch import follow
 from migpart.mig import Instance, Profile
 
 log = structlog.get_logger(__name__)
@@ -413,3 +414,47 @@ class SlicePublisher:
                 return
             raise
         self._slices[name] = SliceState.of(got)
+
+
+class SliceWatch:
+    """`kube.watch.Sink` for migpart's slices: the publisher's view of them comes from here,
+    not from GETs. A slice deleted under a known node (by hand, or by a kubelet wiping its
+    node's slices) is written again at once; if that write fails, the periodic resync
+    writes it."""
+
+    def __init__(self, publisher: SlicePublisher) -> None:
+        self.publisher = publisher
+        self._writes: set[asyncio.Task[None]] = set()
+
+    def listed(self, objects: Sequence[Mapping[str, Any]]) -> None:
+        for body in objects:
+            self.publisher.observe_slice(body)
+
+    def changed(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind != "DELETED":
+            self.publisher.observe_slice(obj)
+            return
+        node = self.publisher.slice_deleted(obj)
+        if node is not None and node in self.publisher.nodes():
+            log.info("resource_slice_deleted", node=node)
+            task = asyncio.create_task(self._rewrite(node), name=f"slice-rewrite-{node}")
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+
+    def broken(self) -> None:
+        """Deletions are not seen meanwhile: the resync finds the missing slices."""
+
+    async def _rewrite(self, node: str) -> None:
+        try:
+            await self.publisher.publish(node)
+        except (ApiException, MigpartError, TimeoutError) as error:
+            log.warning("resource_slice_rewrite_failed", node=node, error=str(error)[:300])
+
+
+async def watch_slices(api: ApiClient, publisher: SlicePublisher) -> None:
+    """Follow migpart's ResourceSlices (`SLICE_LABELS`) into `publisher` until cancelled."""
+    slices: Any = ResourceV1Api(api)
+    selector = ",".join(f"{k}={v}" for k, v in sorted(SLICE_LABELS.items()))
+    await follow(
+        slices.list_resource_slice, SliceWatch(publisher), "resourceslices", label_selector=selector
+    )
