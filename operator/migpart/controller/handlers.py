@@ -27,14 +27,11 @@ from pydantic import ValidationError
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
 from migpart.api.models import (
     GROUP,
-    MIGNODE_PLURAL,
     POLICY_PLURAL,
     VERSION,
     UnavailableReason,
-    condition_status,
 )
 from migpart.controller.bodies import parse_policy
-from migpart.controller.errors import kopf_errors
 from migpart.controller.health import NodeHealth, await_crds
 from migpart.controller.indexes import (
     INDEX_IDS,
@@ -45,13 +42,14 @@ from migpart.controller.indexes import (
 )
 from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
+from migpart.controller.mignodes import MigNodeWatch, watch_mignodes
 from migpart.controller.reconcile import report_invalid
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.errors import MigpartError
 from migpart.kube.client import open_client
-from migpart.kube.leases import STALE, stale_conditions, watch_leases
+from migpart.kube.leases import stale_conditions, watch_leases
 from migpart.kube.objects import patch_mignode_conditions
-from migpart.kube.slices import Published, SlicePublisher, watch_slices
+from migpart.kube.slices import Published, SlicePublisher, SliceWatch, watch_slices
 
 log = structlog.get_logger(__name__)
 
@@ -130,15 +128,19 @@ async def startup(
     state.resync = asyncio.create_task(
         resync_slices(publisher, config.slice_resync_s), name="slice-resync"
     )
-    state.watched = watched_indexes(state)
+    slices = SliceWatch(publisher)
+    mignodes = MigNodeWatch(state, slices.listed_once)
+    watched = watched_indexes(state)
+    state.watched = {**watched, "mignodes_index": mignodes}
     state.tasks = [
         asyncio.create_task(await_crds(api, config.served), name="await-crds"),
         asyncio.create_task(watch_leases(api, config.lease_namespace, health), name="leases"),
         asyncio.create_task(follow_node_health(state), name="node-health"),
-        asyncio.create_task(watch_slices(api, publisher), name="resourceslices"),
+        asyncio.create_task(watch_slices(api, slices), name="resourceslices"),
+        asyncio.create_task(watch_mignodes(api, mignodes), name="mignodes_index"),
         *(
             asyncio.create_task(watch_index(api, index_id, index), name=index_id)
-            for index_id, index in state.watched.items()
+            for index_id, index in watched.items()
         ),
     ]
     log.info(
@@ -258,33 +260,6 @@ async def mark_stale(state: OperatorState) -> None:
         state.stale_marks.pop(node, None)
 
 
-async def mignode_changed(
-    type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
-) -> None:
-    """Publish the node's slice from its MigNode (parsed once per resourceVersion, shared with
-    the planning rounds), and tell node health what the agent says about kubelet's plugin
-    registration."""
-    state = state_of(memo)
-    if type == "DELETED":
-        state.publisher.forget(name)
-        state.health.forget(name)
-        state.stale_marks.pop(name, None)
-        state.stale_flagged.discard(name)
-        return
-    view = state.scopes.node(name, body)
-    if view is None:
-        return  # logged by the cache
-    state.publisher.observe(view.node)
-    status = view.node.status
-    if status is not None and condition_status(status.conditions, STALE) == "True":
-        state.stale_flagged.add(name)
-    else:
-        state.stale_flagged.discard(name)
-    state.health.mignode(name, status.kubelet_plugin if status else None)
-    with kopf_errors():
-        await state.publisher.publish(name)
-
-
 async def policy_changed(
     type: str | None, name: str, body: kopf.Body, memo: Any, **kwargs: Any
 ) -> None:
@@ -312,6 +287,5 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.cleanup(registry=registry)(cleanup)
     for (group, version, plural), handler in INDEXES:
         kopf.index(group, version, plural, registry=registry, id=handler.__name__)(handler)
-    kopf.on.event(GROUP, VERSION, MIGNODE_PLURAL, registry=registry)(mignode_changed)
     kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)(policy_changed)
     return registry

@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 from kubernetes_asyncio.client import ApiClient
 
-from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
+from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.kube.claims import claim_key, pod_claim_keys, pod_waiting
@@ -128,11 +128,6 @@ async def watch_index(api: ApiClient, index_id: str, index: Index) -> None:
     await follow(watched.lister(api), index, index_id, **watched.selectors)
 
 
-async def mignodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
-    state_of(memo).wake_all()
-    return {name: _plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
-
-
 async def nodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
     state_of(memo).wake_all()
     return {name: node_facts(body)}
@@ -151,7 +146,6 @@ async def classes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
 
 # (group, version, plural) and handler of every index; the handler's name is the index id.
 INDEXES: tuple[tuple[tuple[str, str, str], Any], ...] = (
-    ((GROUP, VERSION, MIGNODE_PLURAL), mignodes_index),
     (("", "v1", "nodes"), nodes_index),
     ((GROUP, VERSION, POLICY_PLURAL), policies_index),
     ((*RESOURCE, "deviceclasses"), classes_index),

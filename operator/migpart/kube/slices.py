@@ -425,10 +425,13 @@ class SliceWatch:
     def __init__(self, publisher: SlicePublisher) -> None:
         self.publisher = publisher
         self._writes: set[asyncio.Task[None]] = set()
+        # set at the first list: from then on the publisher knows every slice that exists
+        self.listed_once = asyncio.Event()
 
     def listed(self, objects: Sequence[Mapping[str, Any]]) -> None:
         for body in objects:
             self.publisher.observe_slice(body)
+        self.listed_once.set()
 
     def changed(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind != "DELETED":
@@ -451,10 +454,8 @@ class SliceWatch:
             log.warning("resource_slice_rewrite_failed", node=node, error=str(error)[:300])
 
 
-async def watch_slices(api: ApiClient, publisher: SlicePublisher) -> None:
-    """Follow migpart's ResourceSlices (`SLICE_LABELS`) into `publisher` until cancelled."""
+async def watch_slices(api: ApiClient, sink: SliceWatch) -> None:
+    """Follow migpart's ResourceSlices (`SLICE_LABELS`) into `sink` until cancelled."""
     slices: Any = ResourceV1Api(api)
     selector = ",".join(f"{k}={v}" for k, v in sorted(SLICE_LABELS.items()))
-    await follow(
-        slices.list_resource_slice, SliceWatch(publisher), "resourceslices", label_selector=selector
-    )
+    await follow(slices.list_resource_slice, sink, "resourceslices", label_selector=selector)

@@ -1,0 +1,134 @@
+"""MigNodes, followed by the operator's own watch (`kube.watch`), not kopf's.
+
+Every agent status write, every spec the operator writes and every `Stale` condition comes
+back as a MigNode event: thousands in a burst at 1,000 nodes. `MigNodeWatch` keeps the
+`mignodes_index` the planning rounds read (a `kube.watch.Index`) and, per event:
+
+- parses the MigNode once per resourceVersion (`ScopeCache.node`, shared with the rounds);
+- tells node health what the agent says about kubelet's plugin registration, and whether the
+  MigNode carries `Stale`;
+- publishes the node's ResourceSlice (`SlicePublisher`), in a task of its own: once the
+  slice watch has listed (so that the publisher knows every slice and never creates one that
+  exists), at most PUBLISH_CONCURRENCY at once. A failed write is logged; the periodic resync
+  writes it.
+
+A MigNode deleted, or gone from a new list, is forgotten by the publisher and node health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION, condition_status
+from migpart.controller.state import OperatorState
+from migpart.errors import MigpartError
+from migpart.kube.leases import STALE
+from migpart.kube.watch import Index, follow
+
+log = structlog.get_logger(__name__)
+
+Body = Mapping[str, Any]
+
+PUBLISH_CONCURRENCY = 32
+KEPT = ("apiVersion", "kind", "metadata", "spec", "status")
+
+
+def mignode_entry(body: Body) -> dict[str, Any]:
+    """name -> the MigNode (the top-level fields, no copy: nothing writes to them)."""
+    name = str((body.get("metadata") or {}).get("name") or "")
+    return {name: {k: body[k] for k in KEPT if k in body}}
+
+
+def _name(body: Body) -> str:
+    return str((body.get("metadata") or {}).get("name") or "")
+
+
+class MigNodeWatch(Index):
+    """The `mignodes_index`, and what each MigNode event does besides (module docstring)."""
+
+    def __init__(self, state: OperatorState, slices_listed: asyncio.Event) -> None:
+        super().__init__(mignode_entry, state.wake_all)
+        self.state = state
+        self._slices_listed = slices_listed
+        self._publishing = asyncio.Semaphore(PUBLISH_CONCURRENCY)
+        self._writes: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+
+    def listed(self, objects: Sequence[Body]) -> None:
+        gone = set(self) - {_name(o) for o in objects}
+        super().listed(objects)
+        for name in gone:
+            self._deleted(name)
+        for body in objects:
+            self._seen(body)
+
+    def changed(self, kind: str, obj: Body) -> None:
+        super().changed(kind, obj)
+        if kind == "DELETED":
+            self._deleted(_name(obj))
+        else:
+            self._seen(obj)
+
+    def _deleted(self, name: str) -> None:
+        state = self.state
+        state.publisher.forget(name)
+        state.health.forget(name)
+        state.stale_marks.pop(name, None)
+        state.stale_flagged.discard(name)
+
+    def _seen(self, body: Body) -> None:
+        state, name = self.state, _name(body)
+        view = state.scopes.node(name, body)
+        if view is None:
+            return  # logged by the cache
+        state.publisher.observe(view.node)
+        status = view.node.status
+        if status is not None and condition_status(status.conditions, STALE) == "True":
+            state.stale_flagged.add(name)
+        else:
+            state.stale_flagged.discard(name)
+        state.health.mignode(name, status.kubelet_plugin if status else None)
+        self._publish(name)
+
+    def _publish(self, name: str) -> None:
+        """Publish the node's slice from the newest MigNode seen: one write task per node at a
+        time; an event during a write asks for one more write after it."""
+        if name in self._writes:
+            self._again.add(name)
+            return
+        task = asyncio.create_task(self._write(name), name=f"publish-{name}")
+        self._writes[name] = task
+
+    async def _write(self, name: str) -> None:
+        try:
+            await self._slices_listed.wait()
+            while name in self:  # not deleted meanwhile
+                self._again.discard(name)
+                async with self._publishing:
+                    try:
+                        await self.state.publisher.publish(name)
+                    except (ApiException, MigpartError, TimeoutError) as error:
+                        log.warning(
+                            "resource_slice_write_failed", node=name, error=str(error)[:300]
+                        )
+                if name not in self._again:
+                    return
+        finally:
+            del self._writes[name]
+
+
+async def watch_mignodes(api: ApiClient, sink: MigNodeWatch) -> None:
+    """Follow every MigNode into `sink` until cancelled."""
+    custom: Any = CustomObjectsApi(api)
+    await follow(
+        functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, MIGNODE_PLURAL),
+        sink,
+        MIGNODE_PLURAL,
+    )

@@ -1,0 +1,81 @@
+"""controller.mignodes.MigNodeWatch: the MigNode index, and one slice write per node at a time,
+only once the slice watch has listed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from migpart.api.models import MigNode
+from migpart.controller.mignodes import MigNodeWatch
+from migpart.controller.state import OperatorState
+from tests.unit.controller.factories import mignode
+
+
+class Publisher:
+    """Records what the watch asks of the slice publisher; `gate` holds writes back."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+        self.forgotten: list[str] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    def observe(self, node: MigNode) -> None:
+        pass
+
+    async def publish(self, name: str) -> None:
+        await self.gate.wait()
+        self.published.append(name)
+
+    def forget(self, name: str) -> None:
+        self.forgotten.append(name)
+
+
+def watch() -> tuple[MigNodeWatch, Publisher, asyncio.Event]:
+    publisher = Publisher()
+    none = cast(Any, None)
+    state = OperatorState(api=none, credentials=none, publisher=cast(Any, publisher))
+    listed = asyncio.Event()
+    return MigNodeWatch(state, listed), publisher, listed
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_no_slice_is_written_before_the_slice_watch_listed() -> None:
+    w, publisher, listed = watch()
+    w.listed([mignode("a", 1, gpus=[])])
+    assert list(w) == ["a"]
+    await settle()
+    assert publisher.published == []
+    listed.set()
+    await settle()
+    assert publisher.published == ["a"]
+
+
+async def test_events_during_a_write_give_one_more_write_not_one_each() -> None:
+    w, publisher, listed = watch()
+    listed.set()
+    publisher.gate.clear()
+    w.changed("ADDED", mignode("a", 1, gpus=[]))
+    await settle()
+    for revision in (2, 3, 4):
+        w.changed("MODIFIED", mignode("a", revision, gpus=[]))
+    publisher.gate.set()
+    await settle()
+    assert publisher.published == ["a", "a"]
+
+
+async def test_a_deleted_node_is_forgotten_and_not_written() -> None:
+    w, publisher, listed = watch()
+    w.listed([mignode("a", 1, gpus=[]), mignode("b", 1, gpus=[])])
+    w.changed("DELETED", mignode("a", 2, gpus=[]))
+    w.listed([])  # b went while the watch was down
+    listed.set()
+    await settle()
+    assert publisher.forgotten == ["a", "b"]
+    assert publisher.published == []
+    assert list(w) == []
