@@ -22,6 +22,7 @@ sightings, and the devices left withdrawn by a round that failed before its spec
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -112,45 +113,58 @@ class DestroyProtocol:
             body_key(c) for c in claims.values() if not is_allocated(c) and uid_of(c) in fresh
         )
 
-    async def clear(self, node: MigNode, targets: list[GpuPlan], policy: Body) -> None:
-        """Steps 1-3 for one node; returns when the spec may drop the devices.
-
-        Raises Redo when a device got allocated in the window (it is published again, and
-        counts as used in the next plan); the Event about it goes to `policy`.
-        """
-        name = node_name(node)
-        removed = removed_devices(node, targets)
-        if not removed:
-            return
+    async def clear(
+        self, work: list[tuple[MigNode, list[GpuPlan]]], policy: Body
+    ) -> tuple[list[str], list[str]]:
+        """Steps 1-3 for the nodes of one plan at once: each node's withdrawal, then one grace
+        and one quorum read for all of them (a round that reconfigures 50 nodes waits one
+        grace, not 50, and lists the claims once). Returns (cleared, kept): the nodes whose
+        spec may now be written (nothing dropped, or nothing they drop is held), and the
+        nodes where a device got allocated in the window. Those devices are published again
+        and count as used in the next plan; the caller writes the cleared nodes and then
+        plans again (`Redo`). The Event about kept devices goes to `policy`."""
+        removing: dict[str, frozenset[DeviceId]] = {}
+        for node, targets in work:
+            removed = removed_devices(node, targets)
+            if removed:
+                removing[node_name(node)] = removed
+        if not removing:
+            return [node_name(node) for node, _ in work], []
         # The slice, the port and the journal name devices within the node's pool.
-        gone = frozenset(d.device for d in removed)
-        generation = await self.effects.withdraw(name, gone)
-        self.hooks.record(JournalEntry("withdrawn", name, gone, f"generation {generation}"))
-        if self.hooks.after_withdraw is not None:
-            await self.hooks.after_withdraw(name, gone)
+        gone = {name: frozenset(d.device for d in removed) for name, removed in removing.items()}
+        generations = await asyncio.gather(
+            *(self.effects.withdraw(name, devices) for name, devices in gone.items())
+        )
+        for (name, devices), generation in zip(gone.items(), generations, strict=True):
+            self.hooks.record(JournalEntry("withdrawn", name, devices, f"generation {generation}"))
+            if self.hooks.after_withdraw is not None:
+                await self.hooks.after_withdraw(name, devices)
         await self.effects.sleep(self.grace_s)
         claims = await self.effects.read_claims()
-        held: dict[str, frozenset[DeviceId]] = {}  # claim uid -> the removed devices it holds
+        held: dict[str, dict[str, frozenset[DeviceId]]] = {}  # node -> claim uid -> devices
         for claim in claims:
-            ids = allocated_ids(claim) & removed
-            if ids:
-                held[uid_of(claim)] = ids
-        if not held:
-            self.hooks.record(JournalEntry("confirmed", name, gone))
-            return
+            ids = allocated_ids(claim)
+            for name, removed in removing.items():
+                if ids & removed:
+                    held.setdefault(name, {})[uid_of(claim)] = ids & removed
         now = time.monotonic()
-        for claim_uid, ids in held.items():
-            self.sightings[claim_uid] = Sighting(ids, now)
-        kept = frozenset(d.device for ids in held.values() for d in ids)
-        await self.effects.restore(name, kept)
-        self.metrics.destroy_aborted.inc(len(kept))
-        self.hooks.record(JournalEntry("kept", name, kept))
-        self.effects.event(
-            policy,
-            "Warning",
-            "DestroyAborted",
-            f"node {name}: {', '.join(sorted(kept))} got allocated while being withdrawn; "
-            "kept, planning again",
-        )
-        log.warning("destroy_aborted", node=name, devices=sorted(kept))
-        raise Redo(name)
+        for name in removing:
+            if name not in held:
+                self.hooks.record(JournalEntry("confirmed", name, gone[name]))
+                continue
+            for claim_uid, ids in held[name].items():
+                self.sightings[claim_uid] = Sighting(ids, now)
+            kept = frozenset(d.device for ids in held[name].values() for d in ids)
+            await self.effects.restore(name, kept)
+            self.metrics.destroy_aborted.inc(len(kept))
+            self.hooks.record(JournalEntry("kept", name, kept))
+            self.effects.event(
+                policy,
+                "Warning",
+                "DestroyAborted",
+                f"node {name}: {', '.join(sorted(kept))} got allocated while being withdrawn; "
+                "kept, planning again",
+            )
+            log.warning("destroy_aborted", node=name, devices=sorted(kept))
+        cleared = [node_name(node) for node, _ in work if node_name(node) not in held]
+        return cleared, sorted(held)

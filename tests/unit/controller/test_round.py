@@ -219,3 +219,41 @@ async def test_busy_policies_share_one_planning_budget() -> None:
     assert not round_.may_plan(policy, scope.demand)
     assert PACE_FACTOR * 10.0 * 1.5 < round_.retry_in_s <= PACE_FACTOR * 10.0 * 2
     assert alone <= PACE_FACTOR * 10.0
+
+
+async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_itself() -> None:
+    """Two nodes each drop a free 7g: both are withdrawn, then one grace and one quorum read
+    for both. The scheduler wins the race on a: a keeps its device (and gets no spec that
+    drops it), b's spec is written all the same."""
+    nodes = {
+        "a": one_gpu("a", 1, ("7g.80gb", 0, "Free")),
+        "b": one_gpu("b", 2, ("7g.80gb", 0, "Free")),
+    }
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    reads = 0
+
+    async def scheduler_wins(node: str, devices: frozenset[str]) -> None:
+        if node == "a":
+            effects.claims.append(allocation("racer", node, "gpu-0-7g80gb-0"))
+
+    async def read_claims() -> list[dict[str, Any]]:
+        nonlocal reads
+        reads += 1
+        return list(effects.claims)
+
+    effects.on_withdraw = scheduler_wins
+    effects.read_claims = read_claims  # type: ignore[method-assign]
+    state = operator(effects)
+    claims = [claim(f"c{i}", "3g.40gb") for i in range(4)]
+    await run(state, world(nodes, claims, maxConcurrentNodes=2))
+    journal = [(e.step, e.node) for e in state.hooks.journal]
+    first_check = min(i for i, (step, _) in enumerate(journal) if step in ("confirmed", "kept"))
+    assert {n for step, n in journal[:first_check] if step == "withdrawn"} == {"a", "b"}
+    assert ("kept", "a") in journal
+    assert ("confirmed", "b") in journal
+    assert "b" in [node for node, _ in effects.specs]
+    for node, spec in effects.specs:
+        if node == "a":
+            assert "7g.80gb" in [i.profile for i in spec.gpus[0].instances]
+    assert reads >= 1
+    assert effects.slept_s == state.withdraw_grace_s * reads
