@@ -5,7 +5,8 @@ ages and the demand mix seen so far.
 (`migpart simulate`), that alone loses to first-fit dynamic MIG: an instance freed by a
 departing whole-GPU pod is handed at once to the next whole-GPU pod, so a small request that
 has waited longer is overtaken again and again. These pure functions carry the round-to-round
-part; the caller (the simulator's migpart policy) passes the clock's readings in.
+part; the caller passes the clock's readings in (the operator ages its requests with `aged`,
+`kube.demand.aged_requests`; the simulator's migpart policy uses them all).
 
 - `aged`: within one priority, a request ranks by how long it has waited, in `AGE_LEVELS`
   levels that double in length from `age_s` on (never above a higher priority), so the
@@ -15,6 +16,10 @@ part; the caller (the simulator's migpart policy) passes the clock's readings in
   the younger one, and the next round repartitions the space for the older.
 - `spares_from_mix`: free instances to keep ready, sized from the profiles the recent requests
   asked for.
+- `held_node`, `kept_off`: while a multi-GPU request waits, the emptiest node is kept for it
+  (the others are planned elsewhere), so that a whole node drains; only a node at most
+  `max_used` in use behind pods that have run no longer than the request waited, nor than a
+  patience, so that a held node does not idle behind pods that may run long.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ Over time (`migpart.planning.overtime`), with `age_s` set: a pod that has waited
 above younger ones in the planner, and an instance freed while such a pod waits that cannot
 use it is withdrawn rather than handed to a younger pod (in a cluster the operator republishes
 the slice without it; the simulator lets the operator win that race). `spares_total` free
-instances are kept, split over the profiles of the last `mix_window` pods.
+instances are kept, split over the profiles of the last `mix_window` pods. With `hold_used`
+set, a node is held for the oldest waiting multi-GPU pod (`held_node`, bounded by `hold_s`):
+other pods are planned elsewhere, and instances freed on it are withdrawn while that pod waits.
 
 Instances that are held, or still being created, are `used` in the snapshot: the planner never
 destroys them.
