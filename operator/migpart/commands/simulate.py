@@ -60,6 +60,19 @@ def _parser() -> argparse.ArgumentParser:
         help="migpart: ageing, a pod waiting this long is not overtaken (default 1200; 0: off)",
     )
     p.add_argument(
+        "--hold-used",
+        type=float,
+        default=0.5,
+        help="migpart: keep a node free for the oldest multi-GPU pod when at most this share of"
+        " it is in use (default 0.5; 0: never)",
+    )
+    p.add_argument(
+        "--hold-s",
+        type=float,
+        default=1800.0,
+        help="migpart: ... and its longest-running pod has run at most this long (default 1800)",
+    )
+    p.add_argument(
         "--spares-from-mix", type=int, default=0, help="migpart: this many spares, by recent mix"
     )
     p.add_argument("--spares", default="", help="migpart spares, e.g. 1g.10gb:2,3g.40gb:1")
@@ -100,7 +113,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
     for option in ("nodes", "gpus_per_node", "seeds", "max_concurrent_nodes"):
         if getattr(args, option) < 1:
             raise InvalidInput(f"--{option.replace('_', '-')}", "must be at least 1")
-    for option in ("batch_window_s", "actuation_s", "age_s"):
+    for option in ("batch_window_s", "actuation_s", "age_s", "hold_used", "hold_s"):
         if getattr(args, option) < 0:
             raise InvalidInput(f"--{option.replace('_', '-')}", "must not be negative")
     static = _static(args.mig_config, args.gpus_per_node, args.model)
@@ -130,6 +143,8 @@ def _config(args: argparse.Namespace) -> SimConfig:
         max_concurrent_nodes=args.max_concurrent_nodes,
         age_s=args.age_s if args.age_s > 0 else None,
         spares_total=args.spares_from_mix,
+        hold_used=args.hold_used if args.hold_used > 0 else None,
+        hold_s=args.hold_s,
         planner_policy=PolicyView(spares=spares),
     )
 

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -34,6 +35,7 @@ from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, Pl
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import now_iso
 from migpart.kube.claims import body_key, claim_generation
+from migpart.kube.demand import aged_requests
 from migpart.kube.snapshot import SnapshotCache, node_name
 from migpart.planning.model import Plan, Snapshot
 from migpart.planning.planner import plan as make_plan
@@ -155,16 +157,19 @@ class PolicyRound:
         # The planner is a pure function of these: the same inputs give the same plan, whose
         # changes were written (then the nodes differ now) or could not be (nothing changed,
         # or every changed node still reconfiguring: `nodes` holds their status too).
-        inputs = PlanInputs(
-            scope.nodes, allocated, scope.demand.requests, policy.metadata.get("generation")
+        # Within a priority, the claims that waited longest rank first (they age by level, so
+        # the inputs stay equal between levels and a known plan is still reused).
+        requests = tuple(
+            aged_requests(scope.demand.requests, self.cluster.waiting, datetime.now(UTC))
         )
+        inputs = PlanInputs(scope.nodes, allocated, requests, policy.metadata.get("generation"))
         known = self.state.plans.get(self.name)
         if known is not None and known[0] == inputs:
             return RoundResult(planned=True, plan=known[1]), None
         snapshots = self.state.snapshots.setdefault(self.name, SnapshotCache())
         snapshot = snapshots.build(scope.nodes, allocated, scope.tables)
         started = time.perf_counter()
-        plan = make_plan(snapshot, scope.demand.requests, policy.spec.policy_view())
+        plan = make_plan(snapshot, requests, policy.spec.policy_view())
         duration_s = time.perf_counter() - started
         self.state.last_plans[self.name] = PlanTiming(time.monotonic(), time.perf_counter() - began)
         self.state.metrics.plan_duration.labels(self.name).observe(duration_s)

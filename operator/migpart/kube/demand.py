@@ -43,13 +43,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 from migpart.dra import DRIVER
 from migpart.kube.cel import Device, SelectorError, matches, virtual_device
+from migpart.kube.placement import Placement
 from migpart.mig.profiles import ModelTable, Profile
 from migpart.planning.model import PolicyView, Request
+from migpart.planning.overtime import aged
+
+# A request whose oldest waiting pod was created this long ago ranks above the younger
+# requests of its priority (`aged_requests`); the simulator's default too.
+AGE_S = 1200.0
 
 _SAME_GPU_ATTRIBUTES = frozenset({"parentUUID", "gpuIndex"})
 _UNENFORCED_ATTRIBUTES = frozenset({"productName", "placementStart"})
@@ -361,3 +368,36 @@ def _combine(
         name=name, profiles=profiles, count=count, priority=priority, nodes=nodes, same_gpu=same_gpu
     )
     return ClaimDemand(claim=name, request=request, same_gpu=same_gpu, by_model=by_model)
+
+
+def aged_requests(
+    requests: Iterable[Request],
+    waiting: Mapping[str, Iterable[Placement]],
+    now: datetime,
+    age_s: float = AGE_S,
+) -> list[Request]:
+    """The requests with their priorities spread by age (`planning.overtime.aged`), so that
+    within one priority the planner serves the claims that waited longest first.
+
+    A request's age is that of the oldest waiting pod using its claim (`waiting`: claim key ->
+    the pods' placements, whose `created` is the pod's creationTimestamp); a pod without a
+    readable timestamp counts as just created.
+    """
+    requests = list(requests)
+    waited: dict[str, float] = {}
+    for r in requests:
+        created = [_timestamp(p.get("created")) for p in waiting.get(r.name, ())]
+        known = [c for c in created if c is not None]
+        if known:
+            waited[r.name] = max(0.0, (now - min(known)).total_seconds())
+    return aged(requests, waited, age_s)
+
+
+def _timestamp(raw: object) -> datetime | None:
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None

@@ -52,7 +52,8 @@ def node_facts(body: Body) -> NodeFacts:
 def pod_placement(pod: Body) -> dict[str, Any]:
     """The parts of a pod's spec that restrict its node, as plain data for an index, and its
     priority (`spec.priority`, set from its PriorityClass at admission), which becomes the
-    priority of the planner requests of the claims it waits for."""
+    priority of the planner requests of the claims it waits for, and when it was created
+    (`metadata.creationTimestamp`), from which those requests age (`kube.demand.aged_requests`)."""
     spec = pod.get("spec") or {}
     affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
     required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
@@ -62,6 +63,7 @@ def pod_placement(pod: Body) -> dict[str, Any]:
         "terms": [dict(t) for t in required.get("nodeSelectorTerms") or []],
         "tolerations": [dict(t) for t in spec.get("tolerations") or []],
         "priority": int(spec.get("priority") or 0),
+        "created": str((pod.get("metadata") or {}).get("creationTimestamp") or ""),
     }
 
 
@@ -123,6 +125,10 @@ def allows(placement: Placement, name: str, node: NodeFacts) -> bool:
     return all(_tolerated(t, tolerations) for t in node.taints if t.get("effect") in _HARD_EFFECTS)
 
 
+# What a placement carries beside where the pod may run.
+_NOT_PLACING = frozenset({"priority", "created"})
+
+
 def _unconstrained(placement: Placement) -> bool:
     return not (
         placement.get("nodeName") or placement.get("nodeSelector") or placement.get("terms")
@@ -146,7 +152,7 @@ class NodeFilter:
         if not self.tainted and all(_unconstrained(p) for p in placements):
             return None
         key = json.dumps(
-            [{k: v for k, v in p.items() if k != "priority"} for p in placements],
+            [{k: v for k, v in p.items() if k not in _NOT_PLACING} for p in placements],
             sort_keys=True,
             default=str,
         )

@@ -14,7 +14,9 @@ Over time (`migpart.planning.overtime`), with `age_s` set: a pod that has waited
 above younger ones in the planner, and an instance freed while such a pod waits that cannot
 use it is withdrawn rather than handed to a younger pod (in a cluster the operator republishes
 the slice without it; the simulator lets the operator win that race). `spares_total` free
-instances are kept, split over the profiles of the last `mix_window` pods.
+instances are kept, split over the profiles of the last `mix_window` pods. With `hold_used`
+set, a node is held for the oldest waiting multi-GPU pod (`held_node`, bounded by `hold_s`):
+other pods are planned elsewhere, and instances freed on it are withdrawn while that pod waits.
 
 Instances that are held, or still being created, are `used` in the snapshot: the planner never
 destroys them.
@@ -31,7 +33,14 @@ from migpart.errors import InvalidInput
 from migpart.mig import Instance, Profile
 from migpart.planning.codec import Parsers, encode_plan, parse_input
 from migpart.planning.model import PolicyView, Request
-from migpart.planning.overtime import aged, spares_from_mix, withdraw_on_release
+from migpart.planning.overtime import (
+    Hold,
+    aged,
+    held_node,
+    kept_off,
+    spares_from_mix,
+    withdraw_on_release,
+)
 from migpart.planning.planner import plan
 from migpart.sim.cluster import Device, SimCluster
 from migpart.sim.engine import Engine
@@ -47,11 +56,14 @@ class Migpart:
     age_s: float | None = None
     spares_total: int = 0
     mix_window: int = 200
+    hold_used: float | None = None
+    hold_s: float = 1800.0
     name: str = "migpart"
     cpu_clock: Callable[[], float] = time.process_time
     rounds: int = 0
     _round_due: bool = False
     _busy_until: dict[int, float] = field(default_factory=dict)
+    _hold: Hold | None = None
 
     def setup(self, engine: Engine) -> None:
         if self.policy.spares:
@@ -64,7 +76,16 @@ class Migpart:
             engine.at(engine.now + self.batch_window_s, lambda: self._round(engine))
 
     def released(self, engine: Engine, pod: SimPod, devices: Sequence[Device]) -> None:
-        if self.age_s is None or not engine.pending:
+        if not engine.pending:
+            return
+        held = self._held(engine)
+        if held is not None:
+            # Withdrawn, not handed to a pod that would keep the node from draining.
+            for node, index, inst in devices:
+                if node == held:
+                    engine.destroy(node, index, inst)
+            devices = [d for d in devices if d[0] != held]
+        if self.age_s is None or not devices:
             return
         now = engine.now
         waiting = [(_request(p, 0), now - p.arrival_s) for p in engine.pending.values()]
@@ -88,8 +109,8 @@ class Migpart:
             return
         idle = [n for n in range(len(cluster.names)) if n not in busy]
         requests = [_request(p, 0) for p in pending]
+        waited = {p.name: now - p.arrival_s for p in pending}
         if self.age_s is not None:
-            waited = {p.name: now - p.arrival_s for p in pending}
             requests = aged(requests, waited, self.age_s)
         policy = self.policy
         if self.spares_total:
@@ -98,10 +119,44 @@ class Migpart:
         document = snapshot_document(cluster, idle, requests)
         started = self.cpu_clock()
         parsed = parse_input(document, Parsers(policy=lambda _: policy, profile=_no_table))
-        result = encode_plan(plan(parsed.snapshot, parsed.requests, policy), 0.0)
+        planned: Sequence[Request] = parsed.requests
+        if self.hold_used is not None:
+            self._hold = held_node(
+                parsed.snapshot, planned, self.hold_used, self._running(engine), waited, self.hold_s
+            )
+            if self._hold is not None:
+                planned = kept_off(planned, self._hold, cluster.names)
+        result = encode_plan(plan(parsed.snapshot, planned, policy), 0.0)
         engine.add_planner_cpu(self.cpu_clock() - started)
         self.rounds += 1
         self._apply(engine, result, room)
+        held = self._held(engine)
+        if held is not None:
+            for gpu in cluster.gpus[held]:
+                for inst, state in list(gpu.instances.items()):
+                    if state.ready and state.holder is None:
+                        engine.destroy(held, gpu.index, inst)
+
+    def _running(self, engine: Engine) -> dict[str, float]:
+        """Node name -> how long its longest-running pod has run."""
+        cluster = engine.cluster
+        out: dict[str, float] = {}
+        for node, name in enumerate(cluster.names):
+            starts = [
+                engine.started.get(s.holder, engine.now)
+                for gpu in cluster.gpus[node]
+                for s in gpu.instances.values()
+                if s.holder is not None
+            ]
+            out[name] = engine.now - min(starts, default=engine.now)
+        return out
+
+    def _held(self, engine: Engine) -> int | None:
+        """The held node's index while its request still waits."""
+        hold = self._hold
+        if hold is None or hold.request.name not in engine.pending:
+            return None
+        return engine.cluster.names.index(hold.node)
 
     def _apply(self, engine: Engine, result: dict[str, Any], room: int) -> None:
         cluster = engine.cluster

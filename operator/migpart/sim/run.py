@@ -44,6 +44,8 @@ class SimConfig:
     max_concurrent_nodes: int = 1
     age_s: float | None = 1200.0
     spares_total: int = 0
+    hold_used: float | None = 0.5
+    hold_s: float = 1800.0
     planner_policy: PolicyView = field(default_factory=PolicyView)
 
     @property
@@ -138,6 +140,8 @@ def make_policy(
             max_concurrent_nodes=config.max_concurrent_nodes,
             age_s=config.age_s,
             spares_total=config.spares_total,
+            hold_used=config.hold_used,
+            hold_s=config.hold_s,
         ), pods
     if name in config.static:
         return Static(name, config.static[name]), pods

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,10 @@ import yaml
 
 from migpart.dra import DEVICE_CLASS
 from migpart.kube.demand import (
+    AGE_S,
     ClaimDemand,
     Unsatisfiable,
+    aged_requests,
     claim_demand,
     class_selectors,
     is_ours,
@@ -371,3 +374,33 @@ def test_a_bad_claim_says_why_migpart_cannot_serve_it(
 def test_a_claim_of_another_drivers_class_is_left_to_that_driver() -> None:
     """No event either: it is not migpart's claim (the other driver serves or reports it)."""
     assert claim_demand(_claim(_req(cls="gpu.nvidia.com")), CLASSES, TABLES, ANY) is None
+
+
+def test_requests_age_from_their_oldest_waiting_pod() -> None:
+    now = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+
+    def created(seconds_ago: float) -> dict[str, Any]:
+        return {"created": (now - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    requests = [
+        Request("ns/old", ("1g.10gb",)),
+        Request("ns/young", ("1g.10gb",)),
+        Request("ns/shared", ("1g.10gb",)),
+        Request("ns/unknown", ("1g.10gb",)),
+        Request("ns/high", ("1g.10gb",), priority=1),
+    ]
+    waiting = {
+        "ns/old": (created(AGE_S * 3),),
+        "ns/young": (created(10),),
+        # a claim shared by two waiting pods is as old as the older one
+        "ns/shared": (created(10), created(AGE_S)),
+        # no timestamp, or an unreadable one: just created
+        "ns/unknown": ({"created": ""}, {"created": "yesterday"}, {}),
+        "ns/high": (created(0),),
+    }
+    out = {r.name: r.priority for r in aged_requests(requests, waiting, now)}
+    assert out["ns/old"] > out["ns/shared"] > out["ns/young"] == out["ns/unknown"]
+    # ageing never lifts a request above a higher priority
+    assert out["ns/high"] > out["ns/old"]
+    # only the priority changes
+    assert [r.name for r in aged_requests(requests, waiting, now)] == [r.name for r in requests]

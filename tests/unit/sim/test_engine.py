@@ -163,3 +163,28 @@ def test_withdrawing_keeps_the_instances_in_use_beside_the_freed_one() -> None:
     assert small == pytest.approx(3000 - 1 + 2 + 5)  # the freed 3g was withdrawn for it
     assert young > 0  # not handed the freed 3g ahead of small
     assert out.served == 4
+
+
+def test_a_node_is_held_for_a_multi_gpu_pod_only_behind_young_pods() -> None:
+    # Two nodes of two GPUs; two long pods and `s` fill three GPUs. A 2-GPU pod waits, and a
+    # long 1-GPU pod comes after it.
+    def waits(multi_at: float, hold_used: float | None, s: float = 1000) -> dict[str, float]:
+        pods = [pod("l1", 0, 100_000, "7g.80gb"), pod("l2", 0, 100_000, "7g.80gb")]
+        pods += [pod("s", 0, s, "7g.80gb"), pod("m", multi_at, 100, "7g.80gb", count=2)]
+        pods += [pod("t", multi_at + 15, 100_000, "7g.80gb")]
+        pods.sort(key=lambda p: p.arrival_s)
+        policy = Migpart(actuation_s=5, age_s=1200, hold_used=hold_used, hold_s=1800)
+        out = Engine(SimCluster(H100, 2, 2), pods, policy).run()
+        assert out.served == len(pods)  # the cluster refuses to destroy an instance in use
+        return dict(zip([p.name for p in pods], out.waits_s, strict=True))
+
+    # Without a hold the young long pod takes the last GPU and the 2-GPU pod waits it out.
+    assert waits(5, None)["m"] > 50_000
+    # Held: the young long pod is kept off the emptiest node, and the 2-GPU pod gets it.
+    held = waits(5, 0.5)
+    assert held["m"] < 1000
+    assert held["t"] > 0
+    # Behind pods that ran longer than hold_s nothing is held (it could idle for long).
+    late = waits(2000, 0.5, s=100_000)
+    assert late["t"] < 30
+    assert late["m"] > 50_000
