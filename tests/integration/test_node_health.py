@@ -43,8 +43,8 @@ LABEL = {"migpart-test": "health"}
 
 
 class AgentProcess:
-    def __init__(self, bed: Testbed, node: str, root: Path, latency_ms: int) -> None:
-        self.bed, self.node, self.root = bed, node, root
+    def __init__(self, bed: Testbed, node: str, root: Path, latency_ms: int, *extra: str) -> None:
+        self.bed, self.node, self.root, self.extra = bed, node, root, extra
         self.log_path = root / f"agent-{node}.log"
         self._log: IO[bytes] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -77,11 +77,16 @@ class AgentProcess:
                 "0.5",
                 "--lease-duration-seconds",
                 "3",
+                *self.extra,
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / self.node / "state"
 
     def kill(self) -> None:
         assert self.proc is not None
