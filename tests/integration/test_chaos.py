@@ -69,6 +69,30 @@ def test_short_seeded_chaos_keeps_every_invariant(short_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def test_lost_gpus_come_back_and_keep_every_invariant(short_dir: Path) -> None:
+    """GPU_IS_LOST, injected alone: GPUs fall off the bus (mid-spec where it can) and come
+    back; nothing in use is destroyed, nothing leaks, every pod is served."""
+    proc, summary = _chaos(
+        short_dir,
+        "--duration=50",
+        "--drain=120",
+        "--seed=4",
+        "--nodes=2",
+        "--gpus-per-node=2",
+        "--pods=12",
+        "--fault-every=5",
+        "--faults=gpu-lost",
+        "--nvml-faults=",
+    )
+    tail = proc.stdout[-1500:]
+    faults, served, total, *counters = map(int, summary.groups())
+    assert counters == [0, 0, 0, 0], tail
+    assert served == total > 0, tail
+    assert faults >= 1, tail
+    assert re.search(r"faults by kind: gpu-lost [1-9]", proc.stdout), tail
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_the_monitor_counts_an_instance_destroyed_in_use(short_dir: Path) -> None:
     """The monitor is not blind: an instance in use removed from its GPU behind the agent's
     back (what a buggy agent would do) is counted, and the harness fails."""

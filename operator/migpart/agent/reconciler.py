@@ -93,7 +93,7 @@ async def _busy_reason(
 
 
 def _is_lost(err: NvmlFailure) -> bool:
-    return err.code == pynvml.NVML_ERROR_GPU_IS_LOST
+    return bool(err.code == pynvml.NVML_ERROR_GPU_IS_LOST)
 
 
 async def read_gpus(backend: NvmlBackend) -> tuple[list[_Gpu], set[int]]:
@@ -211,7 +211,7 @@ async def reconcile_once(
         except NvmlFailure as err:
             if not _is_lost(err):
                 raise
-            log.warning("gpu_lost", gpu=g.info.index, error=str(err))  # looked at again below
+            log.warning("gpu_lost_mid_pass", gpu=g.info.index, error=str(err))  # seen below
     status, converged = await observe(backend, checkpoint, desired)
     if problems or kept:
         converged = False
