@@ -9,7 +9,6 @@ simulator's lost-GPU file, as the chaos harness loses one."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,48 +16,28 @@ import pytest
 
 from migpart.agent.simulator import LOST_FILE
 from migpart.testbed import Testbed
+from tests.integration.agent_processes import (
+    AgentProcess,
+    agents_fixture,  # noqa: F401 - the `agents` fixture
+    devices,
+    mignode,
+    one_slot_policy,
+    pending_claim,
+    planned,
+    spec_under_way,
+)
 from tests.integration.conftest import (
-    PROFILE_IS,
-    apply,
-    claim_body,
     eventually,
-    get_or_none,
-    pending_pod,
-    policy_body,
     running_operator,
 )
-from tests.integration.test_node_health import AgentProcess
 
 pytestmark = pytest.mark.integration
 
 LABEL = {"migpart-test": "gpu-lost"}
 
 
-@pytest.fixture
-def agents(cluster: Testbed, tmp_path: Path) -> Iterator[dict[str, AgentProcess]]:
-    running: dict[str, AgentProcess] = {}
-    yield running
-    for agent in running.values():
-        agent.stop()
-        print(agent.log_path.read_text()[-3000:])  # shown when the test failed
-
-
-def _mignode(bed: Testbed, node: str) -> dict[str, Any]:
-    return get_or_none(bed, "mignode", node) or {}
-
-
 def _status(bed: Testbed, node: str) -> dict[str, Any]:
-    return _mignode(bed, node).get("status") or {}
-
-
-def _devices(bed: Testbed, node: str) -> list[str]:
-    got = get_or_none(bed, "resourceslice", f"{node}-mig.migpart.io")
-    return sorted(d["name"] for d in ((got or {}).get("spec") or {}).get("devices") or [])
-
-
-def _planned(obj: dict[str, Any], profile: str) -> bool:
-    gpus = (obj.get("spec") or {}).get("gpus") or []
-    return any(i["profile"] == profile for g in gpus for i in g.get("instances") or [])
+    return mignode(bed, node).get("status") or {}
 
 
 def test_a_gpu_lost_mid_spec_frees_the_slot_and_comes_back(
@@ -71,28 +50,13 @@ def test_a_gpu_lost_mid_spec_frees_the_slot_and_comes_back(
     agents[a] = AgentProcess(cluster, a, tmp_path, 3000, "--resync-seconds", "1")
     agents[b] = AgentProcess(cluster, b, tmp_path, 0)
     with running_operator(cluster):
-        for node in (a, b):
-            eventually(lambda n=node: _status(cluster, n).get("gpus"), timeout=90)  # type: ignore[misc]
-        apply(
-            cluster,
-            policy_body(
-                "gpu-lost",
-                LABEL,
-                reconfiguration={"batchWindowSeconds": 0, "maxConcurrentNodes": 1},
-            ),
-        )
-        apply(cluster, claim_body("lost-a", "default", PROFILE_IS.format("1g.10gb")))
-        pending_pod(cluster, "lost-a", "default", "lost-a", {"lost-node": "a"})
-        spec_a = eventually(
-            lambda: _planned(_mignode(cluster, a), "1g.10gb") and _mignode(cluster, a)
-        )
-        plan_a = spec_a["spec"]["planId"]
-        assert (spec_a.get("status") or {}).get("observedPlanId") != plan_a
+        one_slot_policy(cluster, "gpu-lost", LABEL, a, b)
+        pending_claim(cluster, "lost-a", "1g.10gb", {"lost-node": "a"})
+        plan_a = spec_under_way(cluster, a, "1g.10gb")
         # a holds the policy's only slot; its GPU falls off the bus
         (agents[a].state_dir / LOST_FILE).write_text(json.dumps([0]))
 
-        apply(cluster, claim_body("lost-b", "default", PROFILE_IS.format("3g.40gb")))
-        pending_pod(cluster, "lost-b", "default", "lost-b", {"lost-node": "b"})
+        pending_claim(cluster, "lost-b", "3g.40gb", {"lost-node": "b"})
 
         # a reports the GPU lost and observes its plan (nothing it can reach differs), so
         # its slot is free: b is repartitioned and its device published
@@ -104,13 +68,13 @@ def test_a_gpu_lost_mid_spec_frees_the_slot_and_comes_back(
         assert lost.get("gpus", []) == []
         degraded = next(c for c in lost["conditions"] if c["type"] == "Degraded")
         assert (degraded["status"], degraded["reason"]) == ("True", "GpuLost")
-        eventually(lambda: _planned(_mignode(cluster, b), "3g.40gb"), timeout=90)
-        eventually(lambda: any("3g40gb" in d for d in _devices(cluster, b)), timeout=60)
-        assert _devices(cluster, a) == []  # nothing published for the lost GPU
+        eventually(lambda: planned(mignode(cluster, b), "3g.40gb"), timeout=90)
+        eventually(lambda: any("3g40gb" in d for d in devices(cluster, b)), timeout=60)
+        assert devices(cluster, a) == []  # nothing published for the lost GPU
 
         # the GPU is back: the agent carries out the spec there and its device is published
         (agents[a].state_dir / LOST_FILE).unlink()
-        eventually(lambda: any("1g10gb" in d for d in _devices(cluster, a)), timeout=90)
+        eventually(lambda: any("1g10gb" in d for d in devices(cluster, a)), timeout=90)
         back = _status(cluster, a)
         assert back.get("lostGpus", []) == []
         assert [g["index"] for g in back["gpus"]] == [0]

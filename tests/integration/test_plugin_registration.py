@@ -26,6 +26,7 @@ from migpart.agent.simulator import SimulatedNvml
 from migpart.controller.state import OperatorState
 from migpart.testbed import Testbed
 from tests.integration.conftest import H100, RunningOperator, get_or_none
+from tests.integration.test_agent import running_agent
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +65,19 @@ def _kubelet_plugin(bed: Testbed) -> dict[str, Any] | None:
     return plugin
 
 
+def _config(root: Path) -> AgentConfig:
+    return AgentConfig(
+        node=NODE,
+        simulate=[(H100, 1)],
+        state_dir=root / "state",
+        cdi_dir=root / "cdi",
+        plugin_dir=root / "plugin",
+        registration_dir=root / "registry",
+        report_registration=True,
+        metrics_port=0,
+    )
+
+
 def _devices(bed: Testbed) -> list[str] | None:
     got = get_or_none(bed, "resourceslice", f"{NODE}-mig.migpart.io")
     if got is None:
@@ -77,16 +91,7 @@ async def test_devices_are_published_once_kubelet_registered_the_plugin(
     await asyncio.to_thread(cluster.add_node, NODE, {"migpart-test": "registration"})
     sim = SimulatedNvml([(H100, 1)], node=NODE)
     await sim.create(0, "1g.10gb", 0)  # no spec yet: the agent keeps and reports it
-    config = AgentConfig(
-        node=NODE,
-        simulate=[(H100, 1)],
-        state_dir=short_dir / "state",
-        cdi_dir=short_dir / "cdi",
-        plugin_dir=short_dir / "plugin",
-        registration_dir=short_dir / "registry",
-        report_registration=True,
-        metrics_port=0,
-    )
+    config = _config(short_dir)
     started = asyncio.Event()
     task = asyncio.create_task(serve(config, api, backend=sim, started=started))
     await started.wait()
@@ -136,19 +141,6 @@ async def _register(config: AgentConfig) -> None:
         )
 
 
-@contextlib.asynccontextmanager
-async def _agent(config: AgentConfig, api: ApiClient, sim: SimulatedNvml) -> AsyncIterator[None]:
-    started = asyncio.Event()
-    task = asyncio.create_task(serve(config, api, backend=sim, started=started))
-    await started.wait()
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def test_an_agent_restart_keeps_the_devices_published_for_the_grace(
     cluster: Testbed, operator: RunningOperator, api: ApiClient, short_dir: Path
 ) -> None:
@@ -159,22 +151,13 @@ async def test_an_agent_restart_keeps_the_devices_published_for_the_grace(
     await asyncio.to_thread(cluster.add_node, NODE, {"migpart-test": "registration"})
     sim = SimulatedNvml([(H100, 1)], node=NODE)
     await sim.create(0, "1g.10gb", 0)
-    config = AgentConfig(
-        node=NODE,
-        simulate=[(H100, 1)],
-        state_dir=short_dir / "state",
-        cdi_dir=short_dir / "cdi",
-        plugin_dir=short_dir / "plugin",
-        registration_dir=short_dir / "registry",
-        report_registration=True,
-        metrics_port=0,
-    )
-    async with _agent(config, api, sim):
+    config = _config(short_dir)
+    async with running_agent(config, api, sim):
         await _register(config)
         assert await poll(lambda: _devices(cluster)) == ["gpu-0-1g10gb-0"]
     generation = await asyncio.to_thread(_generation, cluster)
 
-    async with _agent(config, api, sim):
+    async with running_agent(config, api, sim):
         waiting = await poll(
             lambda: (plugin := _kubelet_plugin(cluster)) and not plugin["registered"] and plugin
         )
@@ -187,7 +170,7 @@ async def test_an_agent_restart_keeps_the_devices_published_for_the_grace(
         assert _devices(cluster) == ["gpu-0-1g10gb-0"]
         assert await asyncio.to_thread(_generation, cluster) == generation
 
-    async with _agent(config, api, sim):  # no kubelet registers it this time
+    async with running_agent(config, api, sim):  # no kubelet registers it this time
         await poll(lambda: (plugin := _kubelet_plugin(cluster)) and not plugin["registered"])
         assert await poll(lambda: _devices(cluster) == [])
         state: OperatorState = operator.memo.state
