@@ -106,13 +106,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--gpus-per-node", type=int, default=4)
-    p.add_argument(
-        "--pods",
-        type=int,
-        default=0,
-        help="trace pods (0: 3 per GPU per 300 s of --duration, so that a long run keeps the"
-        " pace of repartitions, and the faults timed to land in them, of a short one)",
-    )
+    p.add_argument("--pods", type=int, default=0, help="trace pods (0: 3 per GPU)")
     p.add_argument("--fault-every", type=float, default=5.0, help="mean seconds between faults")
     p.add_argument("--faults", default=",".join(FAULTS), help="kinds to inject")
     p.add_argument(
@@ -544,7 +538,7 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     work = args.dir or Path(tempfile.mkdtemp(prefix="migpart-chaos-"))
     table = lookup_table(MODEL, None, "--model")
-    count = args.pods or 3 * args.nodes * args.gpus_per_node * max(1, round(args.duration / 300))
+    count = args.pods or 3 * args.nodes * args.gpus_per_node
     trace = REPO / "tests" / "fixtures" / "traces" / "openb_pod_list_default.csv"
     # A pod needing more GPUs than a node has could never be served (not a fault's doing).
     rows = load_trace(trace, table, offset=args.seed * 7, limit=count)
