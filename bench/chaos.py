@@ -107,7 +107,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--gpus-per-node", type=int, default=4)
     p.add_argument("--pods", type=int, default=0, help="trace pods (0: 3 per GPU)")
-    p.add_argument("--fault-every", type=float, default=5.0, help="mean seconds between faults")
+    p.add_argument("--fault-every", type=float, default=3.0, help="mean seconds between faults")
     p.add_argument("--faults", default=",".join(FAULTS), help="kinds to inject")
     p.add_argument(
         "--nvml-faults",
