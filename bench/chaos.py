@@ -15,19 +15,21 @@ prepared on their nodes by the demo's stand-in kubelet. On a seeded schedule it 
 - node-delete: a Node deleted while its spec is carried out (the garbage collector takes its
   MigNode and slice; the agent makes the MigNode again), and made again 2-4 s later;
 - second-writer: another writer rewrites a MigNode spec's planId (the layout unchanged);
+- gpu-lost: a GPU falls off the bus (NVML_ERROR_GPU_IS_LOST from every call on it, through
+  the simulator's lost-GPU file), preferably one a node's pending spec names, for 5-30 s, then
+  comes back with the instances it had (a loss the driver recovers from without a reset);
 - sabotage (only when asked for, a check of the monitor): an instance in use removed from
   its GPU behind the agent's back, as a buggy agent would; the monitor must count it;
 - nvml: INSUFFICIENT_RESOURCES on create, IN_USE on destroy and TIMEOUT, injected by the
   simulator at `--nvml-faults` rates (counted from the agents' logs).
-
-Not covered: GPU_IS_LOST (the simulator has it: `lost=`).
 
 An invariant monitor reads the API server, the agents' checkpoints and the simulated GPUs'
 state every second and counts:
 
 - destroyed-in-use: an instance gone from its GPU while a claim's allocation or a checkpoint
   held it, and still holds it;
-- leaked: an instance on a GPU in neither the spec nor the status for more than 60 s;
+- leaked: an instance on a GPU in neither the spec nor the status for more than 60 s (a lost
+  GPU's instances are not counted while it is lost: no agent can see them);
 - stuck: a pod pending for more than 120 s (the pod stream keeps the load below capacity, so
   a plan for it exists);
 - double-allocated: two claims allocated the same device.
@@ -60,6 +62,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from migpart.agent.simulator import LOST_FILE
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION, MigNodeSpec
 from migpart.commands.demo import _agents_ready
 from migpart.demo.cluster import REPO, LocalCluster
@@ -87,6 +90,7 @@ FAULTS = (
     "claim-delete",
     "second-writer",
     "node-delete",
+    "gpu-lost",
 )
 # Not a fault migpart must survive but a check of the monitor: a buggy agent destroys an
 # instance in use (the monitor must count it).
@@ -103,7 +107,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--gpus-per-node", type=int, default=4)
     p.add_argument("--pods", type=int, default=0, help="trace pods (0: 3 per GPU)")
-    p.add_argument("--fault-every", type=float, default=6.0, help="mean seconds between faults")
+    p.add_argument("--fault-every", type=float, default=3.0, help="mean seconds between faults")
     p.add_argument("--faults", default=",".join(FAULTS), help="kinds to inject")
     p.add_argument(
         "--nvml-faults",
@@ -209,6 +213,9 @@ class Chaos:
         self.slices: dict[str, set[str]] = {}
         # the fault injector watches too: one look at a time, each compared with the last
         self.looking = asyncio.Lock()
+        # node -> its GPUs lost now (gpu-lost); their recoveries run in the background
+        self.lost: dict[str, set[int]] = {}
+        self.recoveries: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ pods
 
@@ -319,6 +326,8 @@ class Chaos:
     def _leaks(self, name: str, on_gpu: set[str], now: float) -> None:
         body = self.mignodes.get(name) or {}
         known = _spec_devices(name, body) | _status_devices(name, body)
+        lost = {f"{name}/gpu-{i}-" for i in self.lost.get(name, ())}
+        known |= {d for d in on_gpu if any(d.startswith(prefix) for prefix in lost)}
         for device in on_gpu - known:
             since = self.leaky_since.setdefault(device, now)
             if now - since > LEAK_S:
@@ -383,6 +392,8 @@ class Chaos:
             await asyncio.sleep(self.rng.uniform(2.0, 4.0))
             labels = {"nvidia.com/mig.capable": "true", **LABELS}
             await asyncio.to_thread(testbed.add_node, node, labels)
+        elif kind == "gpu-lost":
+            await self._lose_gpu()
         elif kind == "sabotage":
             if not await self._wait_for(lambda: bool(self._held()), 60.0):
                 return
@@ -411,6 +422,38 @@ class Chaos:
             )
             self.c.notes.append(f"second-writer {node}")
         self.c.faults[kind] += 1
+
+    def _write_lost(self, node: str) -> None:
+        path = self.cluster.nodes[node].dir / "state" / LOST_FILE
+        lost = sorted(self.lost.get(node, ()))
+        if lost:
+            path.write_text(json.dumps(lost))
+        else:
+            path.unlink(missing_ok=True)
+
+    async def _lose_gpu(self) -> None:
+        """A GPU falls off the bus, preferably one that a pending spec names (the case that
+        once held the node's `maxConcurrentNodes` slot for as long as the GPU was lost), and
+        comes back 5-30 s later, in the background."""
+        busy = await self._wait_for(self._reconfiguring, 15.0)
+        node = self.rng.choice(self._reconfiguring() if busy else sorted(self.cluster.nodes))
+        spec = (self.mignodes.get(node) or {}).get("spec") or {}
+        named = sorted(g["index"] for g in spec.get("gpus") or [] if busy)
+        gpu = self.rng.choice(named or list(range(self.args.gpus_per_node)))
+        down_s = self.rng.uniform(5.0, 30.0)
+        self.lost.setdefault(node, set()).add(gpu)
+        self._write_lost(node)
+        where = "mid-spec" if busy and named else "idle"
+        self.c.notes.append(f"gpu-lost {node} GPU {gpu} for {down_s:.0f} s ({where})")
+
+        async def recover() -> None:
+            await asyncio.sleep(down_s)
+            self.lost[node].discard(gpu)
+            self._write_lost(node)
+
+        task = asyncio.create_task(recover())
+        self.recoveries.add(task)
+        task.add_done_callback(self.recoveries.discard)
 
     def _held(self) -> set[str]:
         """Instances on a GPU that a claim or a checkpoint holds."""
@@ -468,7 +511,8 @@ class Chaos:
             if now - last_report > 10:
                 last_report = now
                 print(f"t={now - start:5.0f}s {self.c.line()}", flush=True)
-            if now > stream_end and (not waiting or now > stream_end + self.args.drain):
+            done = not waiting or now > stream_end + self.args.drain
+            if now > stream_end and done and not self.recoveries:  # every lost GPU is back
                 break
             await asyncio.sleep(0.5)
         faults.cancel()
@@ -530,7 +574,7 @@ def main(argv: list[str]) -> int:
     chaos.c.faults.update(nvml_faults(cluster))
     print("faults by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(chaos.c.faults.items())))
     # where the timed faults landed: "agent-kill (mid-spec)", "operator-kill (in window)", ...
-    timed = ("agent-kill", "operator-kill", "node-delete")
+    timed = ("agent-kill", "operator-kill", "node-delete", "gpu-lost")
     where = Counter(
         f"{n.split()[0]} ({n.rsplit(' (', 1)[-1]}" for n in chaos.c.notes if n.startswith(timed)
     )

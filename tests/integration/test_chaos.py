@@ -49,6 +49,18 @@ def _chaos(work: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], r
     return proc, summary
 
 
+def _assert_clean(
+    proc: subprocess.CompletedProcess[str], summary: re.Match[str], min_faults: int
+) -> None:
+    """Every counter 0, every pod served, at least `min_faults` faults, exit status 0."""
+    tail = proc.stdout[-1500:]
+    faults, served, total, *counters = map(int, summary.groups())
+    assert counters == [0, 0, 0, 0], tail
+    assert served == total > 0, tail
+    assert faults >= min_faults, tail
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_short_seeded_chaos_keeps_every_invariant(short_dir: Path) -> None:
     proc, summary = _chaos(
         short_dir,
@@ -60,13 +72,26 @@ def test_short_seeded_chaos_keeps_every_invariant(short_dir: Path) -> None:
         "--pods=14",
         "--fault-every=4",
     )
-    tail = proc.stdout[-1500:]
-    faults, served, total, *counters = map(int, summary.groups())
-    assert counters == [0, 0, 0, 0], tail
-    assert served == total, tail
-    assert total > 0
-    assert faults >= 5, tail
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_clean(proc, summary, min_faults=5)
+
+
+def test_lost_gpus_come_back_and_keep_every_invariant(short_dir: Path) -> None:
+    """GPU_IS_LOST, injected alone: GPUs fall off the bus (mid-spec where it can) and come
+    back; nothing in use is destroyed, nothing leaks, every pod is served."""
+    proc, summary = _chaos(
+        short_dir,
+        "--duration=50",
+        "--drain=120",
+        "--seed=4",
+        "--nodes=2",
+        "--gpus-per-node=2",
+        "--pods=12",
+        "--fault-every=5",
+        "--faults=gpu-lost",
+        "--nvml-faults=",
+    )
+    _assert_clean(proc, summary, min_faults=1)
+    assert re.search(r"faults by kind: gpu-lost [1-9]", proc.stdout), proc.stdout[-1500:]
 
 
 def test_the_monitor_counts_an_instance_destroyed_in_use(short_dir: Path) -> None:

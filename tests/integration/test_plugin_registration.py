@@ -1,7 +1,9 @@
 """A real agent run with `--report-registration` and the real operator: the node's devices are
-published only once kubelet has registered the plugin. The test plays kubelet's part of the
-registration (pluginregistration v1 over the agent's real socket: GetInfo, then
-NotifyRegistrationStatus), as kubelet's plugin watcher does when it finds the socket."""
+published only once kubelet has registered the plugin, and stay published through an agent
+restart while kubelet registers the plugin again (the registration grace). The test plays
+kubelet's part of the registration (pluginregistration v1 over the agent's real socket:
+GetInfo, then NotifyRegistrationStatus), as kubelet's plugin watcher does when it finds the
+socket."""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.proto import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from migpart.agent.simulator import SimulatedNvml
+from migpart.controller.state import OperatorState
 from migpart.testbed import Testbed
 from tests.integration.conftest import H100, RunningOperator, get_or_none
+from tests.integration.test_agent import running_agent
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +65,19 @@ def _kubelet_plugin(bed: Testbed) -> dict[str, Any] | None:
     return plugin
 
 
+def _config(root: Path) -> AgentConfig:
+    return AgentConfig(
+        node=NODE,
+        simulate=[(H100, 1)],
+        state_dir=root / "state",
+        cdi_dir=root / "cdi",
+        plugin_dir=root / "plugin",
+        registration_dir=root / "registry",
+        report_registration=True,
+        metrics_port=0,
+    )
+
+
 def _devices(bed: Testbed) -> list[str] | None:
     got = get_or_none(bed, "resourceslice", f"{NODE}-mig.migpart.io")
     if got is None:
@@ -74,16 +91,7 @@ async def test_devices_are_published_once_kubelet_registered_the_plugin(
     await asyncio.to_thread(cluster.add_node, NODE, {"migpart-test": "registration"})
     sim = SimulatedNvml([(H100, 1)], node=NODE)
     await sim.create(0, "1g.10gb", 0)  # no spec yet: the agent keeps and reports it
-    config = AgentConfig(
-        node=NODE,
-        simulate=[(H100, 1)],
-        state_dir=short_dir / "state",
-        cdi_dir=short_dir / "cdi",
-        plugin_dir=short_dir / "plugin",
-        registration_dir=short_dir / "registry",
-        report_registration=True,
-        metrics_port=0,
-    )
+    config = _config(short_dir)
     started = asyncio.Event()
     task = asyncio.create_task(serve(config, api, backend=sim, started=started))
     await started.wait()
@@ -115,3 +123,55 @@ async def test_devices_are_published_once_kubelet_registered_the_plugin(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def _generation(bed: Testbed) -> int:
+    got = get_or_none(bed, "resourceslice", f"{NODE}-mig.migpart.io") or {}
+    return int(got["spec"]["pool"]["generation"])
+
+
+async def _register(config: AgentConfig) -> None:
+    """kubelet's part: GetInfo, then NotifyRegistrationStatus(registered)."""
+    socket = config.registration_dir / "mig.migpart.io-reg.sock"
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        registration = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
+        await registration.GetInfo(pluginregistration_v1_pb2.InfoRequest())
+        await registration.NotifyRegistrationStatus(
+            pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True)
+        )
+
+
+async def test_an_agent_restart_keeps_the_devices_published_for_the_grace(
+    cluster: Testbed, operator: RunningOperator, api: ApiClient, short_dir: Path
+) -> None:
+    """The restarted agent reports "waiting for kubelet" until kubelet registers the plugin
+    again: the node's devices stay published meanwhile (the slice is not rewritten at all).
+    Restarted again with no kubelet to register it, the node loses its devices once the
+    grace (10 s by default) has passed."""
+    await asyncio.to_thread(cluster.add_node, NODE, {"migpart-test": "registration"})
+    sim = SimulatedNvml([(H100, 1)], node=NODE)
+    await sim.create(0, "1g.10gb", 0)
+    config = _config(short_dir)
+    async with running_agent(config, api, sim):
+        await _register(config)
+        assert await poll(lambda: _devices(cluster)) == ["gpu-0-1g10gb-0"]
+    generation = await asyncio.to_thread(_generation, cluster)
+
+    async with running_agent(config, api, sim):
+        waiting = await poll(
+            lambda: (plugin := _kubelet_plugin(cluster)) and not plugin["registered"] and plugin
+        )
+        assert "waiting for kubelet" in waiting["message"]
+        await asyncio.sleep(2)  # what the operator would need to withdraw the devices
+        assert _devices(cluster) == ["gpu-0-1g10gb-0"]
+        await _register(config)
+        await poll(lambda: (_kubelet_plugin(cluster) or {}).get("registered"))
+        await asyncio.sleep(2)
+        assert _devices(cluster) == ["gpu-0-1g10gb-0"]
+        assert await asyncio.to_thread(_generation, cluster) == generation
+
+    async with running_agent(config, api, sim):  # no kubelet registers it this time
+        await poll(lambda: (plugin := _kubelet_plugin(cluster)) and not plugin["registered"])
+        assert await poll(lambda: _devices(cluster) == [])
+        state: OperatorState = operator.memo.state
+        assert state.health.reason(NODE) == "PluginNotRegistered"

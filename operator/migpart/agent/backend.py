@@ -28,6 +28,9 @@ class GpuInfo:
     model: str
     mig_enabled: bool
     minor: int  # /dev/nvidia<minor>
+    # NVML answers GPU_IS_LOST for it (fallen off the bus): no other call on it can succeed,
+    # so callers leave it out until it is back
+    lost: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,9 @@ class NvmlBackend(Protocol):
     """What the agent needs from NVML. Every method may block on the driver: implementations
     run the calls in a worker thread (`asyncio.to_thread`)."""
 
-    async def gpus(self) -> list[GpuInfo]: ...
+    async def gpus(self) -> list[GpuInfo]:
+        """Every GPU of the node, a lost one (GPU_IS_LOST) included with `lost` set."""
+        ...
 
     async def profile_table(self, gpu: int) -> ModelTable:
         """GPU-instance profiles and their possible placements, as NVML reports them."""

@@ -103,6 +103,7 @@ class RealNvml:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tables: dict[int, ModelTable] = {}
+        self._seen: dict[int, GpuInfo] = {}  # each GPU as last read (for a lost one)
 
     @classmethod
     async def open(cls) -> RealNvml:
@@ -129,16 +130,33 @@ class RealNvml:
         def read() -> list[GpuInfo]:
             out = []
             for index in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(index)
-                out.append(
-                    GpuInfo(
+                try:
+                    h = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    info = GpuInfo(
                         index=index,
                         uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
                         model=_text(pynvml.nvmlDeviceGetName(h)),
                         mig_enabled=_mig_enabled(h),
                         minor=int(pynvml.nvmlDeviceGetMinorNumber(h)),
                     )
-                )
+                except pynvml.NVMLError as err:
+                    if err.value != pynvml.NVML_ERROR_GPU_IS_LOST:
+                        raise
+                    # what it was when last seen (it cannot be read now); its table may
+                    # differ when it comes back (another board after a repair)
+                    seen = self._seen.get(index)
+                    info = GpuInfo(
+                        index,
+                        seen.uuid if seen else "",
+                        seen.model if seen else "",
+                        mig_enabled=False,
+                        minor=seen.minor if seen else index,
+                        lost=True,
+                    )
+                    self._tables.pop(index, None)
+                else:
+                    self._seen[index] = info
+                out.append(info)
             return out
 
         return await self._run("inventory", read)

@@ -87,7 +87,7 @@ class DraDriver:
         """Device -> (complete MIG instance, GPU minor) for every instance on the node."""
         out = {}
         for gpu in await self.backend.gpus():
-            if not gpu.mig_enabled:
+            if not gpu.mig_enabled or gpu.lost:  # a lost GPU's devices cannot be prepared
                 continue
             for inst in await self.backend.instances(gpu.index):
                 if inst.ci_id is not None and inst.uuid:

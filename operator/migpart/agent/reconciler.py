@@ -11,7 +11,11 @@ converges from whatever NVML shows. Safety rules, enforced here and nowhere else
 - what the spec wants is `MigNodeSpec.desired()`, the definition the operator's slice publisher
   and planner use too: GPUs it does not list, and every GPU while the spec has no `planId`
   (whatever it lists), are left alone;
-- `observedPlanId` becomes the spec's planId only when every managed GPU equals its spec.
+- `observedPlanId` becomes the spec's planId only when every managed GPU equals its spec. A GPU
+  NVML reports lost (GPU_IS_LOST) is left out: nothing can be done on it, so it does not hold
+  the plan back (nor the operator's `maxConcurrentNodes` slot). It is reported in
+  `status.lostGpus` and the Degraded condition instead of `status.gpus`, and the spec is
+  carried out on it once it is back.
 """
 
 from __future__ import annotations
@@ -88,13 +92,96 @@ async def _busy_reason(
     return None
 
 
-async def read_gpus(backend: NvmlBackend) -> list[_Gpu]:
+def _is_lost(err: NvmlFailure) -> bool:
+    return bool(err.code == pynvml.NVML_ERROR_GPU_IS_LOST)
+
+
+async def read_gpus(backend: NvmlBackend) -> tuple[list[_Gpu], set[int]]:
+    """The reachable GPUs with their tables and instances, and the indices of the lost ones
+    (listed lost, or lost while being read)."""
     out = []
+    lost = set()
     for info in await backend.gpus():
-        table = await backend.profile_table(info.index)
-        actual = await backend.instances(info.index) if info.mig_enabled else []
+        try:
+            if info.lost:
+                raise NvmlFailure(f"GPU {info.index}", pynvml.NVML_ERROR_GPU_IS_LOST)
+            table = await backend.profile_table(info.index)
+            actual = await backend.instances(info.index) if info.mig_enabled else []
+        except NvmlFailure as err:
+            if not _is_lost(err):
+                raise
+            lost.add(info.index)
+            continue
         out.append(_Gpu(info, table, actual))
-    return out
+    return out, lost
+
+
+async def _converge(
+    g: _Gpu,
+    want: frozenset[Instance],
+    backend: NvmlBackend,
+    checkpoint: Checkpoint,
+    ops: list[Op],
+    kept: list[str],
+    problems: list[str],
+) -> None:
+    """Make one GPU's instances `want`: free instances it does not list destroyed, then the
+    missing ones created; what was done, kept or refused is appended to the lists."""
+    where = f"GPU {g.info.index}"
+    if not g.info.mig_enabled:
+        if want:
+            problems.append(f"{where}: MIG mode is disabled")
+        return
+    invalid = layout_problems(g.table, sorted(want))
+    if invalid:
+        problems.append(f"{where}: desired layout is invalid: {invalid[0]}")
+        return
+    # Destroy first: new instances usually need the memory slices the old ones hold.
+    for inst in g.actual:
+        if _key(inst) in want and inst.ci_id is not None:
+            continue
+        name = f"{inst.profile}@{inst.start} on {where}"
+        async with checkpoint.lock:
+            reason = await _busy_reason(backend, checkpoint, inst)
+            if reason is None:
+                try:
+                    await backend.destroy(inst.gpu, inst.profile, inst.start)
+                except GpuBusy as err:
+                    reason = f"in use ({err})"
+                except NvmlFailure as err:
+                    if err.code != pynvml.NVML_ERROR_NOT_FOUND:
+                        raise
+        if reason is not None:
+            kept.append(f"{name} kept: {reason}")
+            log.warning(
+                "mig_instance_kept",
+                gpu=inst.gpu,
+                profile=inst.profile,
+                start=inst.start,
+                reason=reason,
+            )
+            continue
+        ops.append(Op("destroy", inst.gpu, inst.profile, inst.start))
+        log.info("mig_instance_destroyed", gpu=inst.gpu, profile=inst.profile, start=inst.start)
+    present = {_key(i) for i in await backend.instances(g.info.index) if i.ci_id is not None}
+    for inst_key in sorted(want - present):
+        try:
+            await backend.create(g.info.index, inst_key.profile, inst_key.start)
+        except NvmlFailure as err:
+            if err.code != pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES:
+                raise
+            problems.append(
+                f"{inst_key.profile}@{inst_key.start} on {where} not created: "
+                "blocked by a kept instance"
+            )
+            continue
+        ops.append(Op("create", g.info.index, inst_key.profile, inst_key.start))
+        log.info(
+            "mig_instance_created",
+            gpu=g.info.index,
+            profile=inst_key.profile,
+            start=inst_key.start,
+        )
 
 
 async def reconcile_once(
@@ -110,76 +197,32 @@ async def reconcile_once(
     ops: list[Op] = []
     problems: list[str] = []
     kept: list[str] = []
-    gpus = await read_gpus(backend)
+    gpus, lost = await read_gpus(backend)
     by_index = {g.info.index: g for g in gpus}
     for index in sorted(desired):
-        if index not in by_index:
+        if index not in by_index and index not in lost:
             problems.append(f"gpus[{index}]: no such GPU on this node")
     for g in gpus:
         want = desired.get(g.info.index)
         if want is None:
             continue
-        where = f"GPU {g.info.index}"
-        if not g.info.mig_enabled:
-            if want:
-                problems.append(f"{where}: MIG mode is disabled")
-            continue
-        invalid = layout_problems(g.table, sorted(want))
-        if invalid:
-            problems.append(f"{where}: desired layout is invalid: {invalid[0]}")
-            continue
-        # Destroy first: new instances usually need the memory slices the old ones hold.
-        for inst in g.actual:
-            if _key(inst) in want and inst.ci_id is not None:
-                continue
-            name = f"{inst.profile}@{inst.start} on {where}"
-            async with checkpoint.lock:
-                reason = await _busy_reason(backend, checkpoint, inst)
-                if reason is None:
-                    try:
-                        await backend.destroy(inst.gpu, inst.profile, inst.start)
-                    except GpuBusy as err:
-                        reason = f"in use ({err})"
-                    except NvmlFailure as err:
-                        if err.code != pynvml.NVML_ERROR_NOT_FOUND:
-                            raise
-            if reason is not None:
-                kept.append(f"{name} kept: {reason}")
-                log.warning(
-                    "mig_instance_kept",
-                    gpu=inst.gpu,
-                    profile=inst.profile,
-                    start=inst.start,
-                    reason=reason,
-                )
-                continue
-            ops.append(Op("destroy", inst.gpu, inst.profile, inst.start))
-            log.info("mig_instance_destroyed", gpu=inst.gpu, profile=inst.profile, start=inst.start)
-        present = {_key(i) for i in await backend.instances(g.info.index) if i.ci_id is not None}
-        for inst_key in sorted(want - present):
-            try:
-                await backend.create(g.info.index, inst_key.profile, inst_key.start)
-            except NvmlFailure as err:
-                if err.code != pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES:
-                    raise
-                problems.append(
-                    f"{inst_key.profile}@{inst_key.start} on {where} not created: "
-                    "blocked by a kept instance"
-                )
-                continue
-            ops.append(Op("create", g.info.index, inst_key.profile, inst_key.start))
-            log.info(
-                "mig_instance_created",
-                gpu=g.info.index,
-                profile=inst_key.profile,
-                start=inst_key.start,
-            )
+        try:
+            await _converge(g, want, backend, checkpoint, ops, kept, problems)
+        except NvmlFailure as err:
+            if not _is_lost(err):
+                raise
+            log.warning("gpu_lost_mid_pass", gpu=g.info.index, error=str(err))  # seen below
     status, converged = await observe(backend, checkpoint, desired)
     if problems or kept:
         converged = False
     plan_id = spec.plan_id if spec is not None else None
     observed = plan_id if converged else (previous.observed_plan_id if previous else None)
-    conditions = _conditions(converged, kept, problems, previous, now)
+    gone = [
+        f"GPU {i} lost (NVML_ERROR_GPU_IS_LOST): nothing is planned or published on it until it"
+        " is back" + (", its spec is carried out then" if i in desired else "")
+        for i in status.lost_gpus
+    ]
+    conditions = _conditions(converged, kept, problems + gone, previous, now, bool(gone))
     status = status.model_copy(update={"observed_plan_id": observed, "conditions": conditions})
     return ReconcileResult(status.summarized(plan_id), ops, kept + problems, converged)
 
@@ -187,11 +230,12 @@ async def reconcile_once(
 async def observe(
     backend: NvmlBackend, checkpoint: Checkpoint, desired: Mapping[int, frozenset[Instance]]
 ) -> tuple[MigNodeStatus, bool]:
-    """The node's MIG state as NVML shows it, and whether it equals `desired`."""
+    """The node's MIG state as NVML shows it, and whether its reachable GPUs equal `desired`."""
     prepared = checkpoint.prepared()
     converged = True
     out = []
-    for g in await read_gpus(backend):
+    gpus, lost = await read_gpus(backend)
+    for g in gpus:
         rows = []
         for inst in g.actual:
             claims = prepared.get((inst.gpu, inst.profile, inst.start), [])
@@ -226,7 +270,7 @@ async def observe(
                 instances=rows,
             )
         )
-    return MigNodeStatus(gpus=out), converged
+    return MigNodeStatus(gpus=out, lost_gpus=sorted(lost)), converged
 
 
 def _condition(
@@ -253,9 +297,18 @@ def _conditions(
     problems: list[str],
     previous: MigNodeStatus | None,
     now: str | None,
+    lost: bool = False,
 ) -> list[Condition]:
     message = "; ".join(kept + problems)
-    degraded_reason = "InstancesKept" if kept else "SpecNotApplied" if problems else "AsExpected"
+    degraded_reason = (
+        "InstancesKept"
+        if kept
+        else "GpuLost"
+        if lost
+        else "SpecNotApplied"
+        if problems
+        else "AsExpected"
+    )
     return [
         _condition(
             "Ready",

@@ -84,6 +84,11 @@ class Agent:
         for op in result.ops:
             self.metrics.operations.labels(self.node, op.kind).inc()
         status = result.status
+        before = set(self.status.lost_gpus) if self.status is not None else set()
+        for gpu in sorted(set(status.lost_gpus) - before):
+            log.warning("gpu_lost", node=self.node, gpu=gpu, error="NVML_ERROR_GPU_IS_LOST")
+        for gpu in sorted(before - set(status.lost_gpus)):
+            log.info("gpu_back", node=self.node, gpu=gpu)
         if self.registration is not None:
             status = status.model_copy(update={"kubelet_plugin": self.registration()})
         if status != self.status:

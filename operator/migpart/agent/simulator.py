@@ -14,16 +14,23 @@ agent process dies: a restarted agent finds what the killed one left, half-made 
 included. `SimFaults` injects the failures real drivers show, on a seeded schedule, for the
 chaos harness (bench/chaos.py): INSUFFICIENT_RESOURCES on create, IN_USE on destroy, TIMEOUT
 (half of them after the operation took effect, as a driver that answers too late), and GPUs
-that are lost (GPU_IS_LOST: gone from the node's list, every call on them fails).
+that are lost (GPU_IS_LOST: listed with `lost` set, every other call on them fails).
+
+A GPU is lost from the start (`SimFaults.lost`), by `lose()` (tests holding the simulator), or,
+while the agent runs in its own process, by the lost-GPU file next to the state file
+(`simulated-nvml-lost.json`, a JSON list of GPU indices, read on every call): the chaos harness
+writes it to make a GPU fall off the bus and removes it to bring the GPU back. A lost GPU keeps
+its instances, as a GPU that comes back without a reset does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
 
 import pynvml
@@ -40,6 +47,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
+
+LOST_FILE = "simulated-nvml-lost.json"
 
 _NAMESPACE = uuid.UUID("6f1f3d5e-7b2a-4c55-9a0e-6d2c1b1e0a11")
 
@@ -158,6 +167,8 @@ class SimulatedNvml:
                 self._gpus.append(_SimGpu(info, _nvml_order(CATALOG[model])))
         self._processes: dict[str, set[int]] = {}
         self._fail_next: dict[str, int] = {}
+        self._lost: set[int] = set()
+        self._lost_file = state_path.with_name(LOST_FILE) if state_path is not None else None
         self.calls: list[str] = []  # mutating calls, in order (for tests)
         self.injected: list[str] = []  # injected faults, in order
         self._load()
@@ -170,6 +181,21 @@ class SimulatedNvml:
 
     def remove_process(self, mig: str, pid: int) -> None:
         self._processes.get(mig, set()).discard(pid)
+
+    def lose(self, gpu: int) -> None:
+        """The GPU falls off the bus: GPU_IS_LOST from every call on it until `recover`."""
+        self._lost.add(gpu)
+
+    def recover(self, gpu: int) -> None:
+        self._lost.discard(gpu)
+
+    def lost(self) -> frozenset[int]:
+        """The GPUs lost now: from the start, by `lose`, or named in the lost-GPU file."""
+        named: list[int] = []
+        if self._lost_file is not None:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                named = [int(i) for i in json.loads(self._lost_file.read_text())]
+        return self.faults.lost | self._lost | frozenset(named)
 
     def fail_next(self, op: str, code: int) -> None:
         """Make the next call of `op` ("create_gi", "create_ci", "destroy") fail with `code`."""
@@ -187,7 +213,11 @@ class SimulatedNvml:
     # ------------------------------------------------------------------ NvmlBackend
 
     async def gpus(self) -> list[GpuInfo]:
-        return [g.info for g in self._gpus if g.info.index not in self.faults.lost]
+        lost = self.lost()
+        return [
+            replace(g.info, mig_enabled=False, lost=True) if g.info.index in lost else g.info
+            for g in self._gpus
+        ]
 
     async def profile_table(self, gpu: int) -> ModelTable:
         return self._mapped("GetGpuInstanceProfileInfo", lambda: self._gpu(gpu).table)
@@ -327,7 +357,7 @@ class SimulatedNvml:
     def _gpu(self, index: int) -> _SimGpu:
         if not 0 <= index < len(self._gpus):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if index in self.faults.lost:
+        if index in self.lost():
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         g = self._gpus[index]
         if not g.info.mig_enabled:

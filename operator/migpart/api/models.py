@@ -231,6 +231,11 @@ class MigNodeStatus(_Model):
     observed_plan_id: Annotated[str, StringConstraints(max_length=128)] | None = None
     """The spec.planId whose layout the agent last carried out."""
     gpus: Annotated[list[GpuStatus], _map_list("index")] = []
+    lost_gpus: Annotated[
+        list[Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]], Field(max_length=MAX_GPU_INDEX + 1)
+    ] = []
+    """GPUs NVML reports lost (GPU_IS_LOST, fallen off the bus), left out of `gpus`: nothing
+    is planned or published on them, and they do not hold back `observedPlanId`."""
     conditions: Annotated[list[Condition], _map_list("type")] = []
     summary: MigNodeSummary | None = None
     """Counts for the printer columns of `kubectl get mignodes`."""

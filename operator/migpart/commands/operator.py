@@ -19,7 +19,7 @@ from kubernetes_asyncio.client import ApiClient
 from migpart import logs
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
 from migpart.controller.handlers import OperatorConfig, build_registry
-from migpart.controller.health import await_crds, serve
+from migpart.controller.health import REGISTRATION_GRACE_S, await_crds, serve
 from migpart.controller.metrics import Metrics
 from migpart.kube.client import load_configuration
 
@@ -79,6 +79,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a node whose agent Lease was not renewed for this long is unavailable: nothing is "
         "planned there, its maxConcurrentNodes slot is free and its slice lists no device",
     )
+    p.add_argument(
+        "--registration-grace-seconds",
+        type=_seconds,
+        default=REGISTRATION_GRACE_S,
+        help="a node whose agent reported kubelet's plugin registration and then reports it "
+        "not registered (a restarted agent, until kubelet registers it again) keeps its devices "
+        "published this long, while its Lease is fresh (0: none)",
+    )
     return p.parse_args(argv)
 
 
@@ -108,6 +116,7 @@ async def run(args: argparse.Namespace) -> None:
         withdraw_grace_s=args.withdraw_grace_seconds,
         lease_namespace=args.lease_namespace,
         lease_timeout_s=args.lease_timeout_seconds,
+        registration_grace_s=args.registration_grace_seconds,
         served=served,
     )
     try:

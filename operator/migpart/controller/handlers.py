@@ -32,7 +32,7 @@ from migpart.api.models import (
     UnavailableReason,
 )
 from migpart.controller.bodies import parse_policy
-from migpart.controller.health import NodeHealth, await_crds
+from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
 from migpart.controller.indexes import (
     INDEX_IDS,
     INDEXES,
@@ -72,6 +72,8 @@ class OperatorConfig:
     # the agents' Leases: where they are, and how long unrenewed makes a node unavailable
     lease_namespace: str = LEASE_NAMESPACE
     lease_timeout_s: float = float(LEASE_DURATION_S)
+    # how long a node stays in service after its agent reports the plugin no longer registered
+    registration_grace_s: float = REGISTRATION_GRACE_S
     # set once the API server serves migpart's CRDs (`/readyz` waits for it)
     served: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -102,7 +104,9 @@ async def startup(
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     api, credentials = await open_client(config.kubeconfig)
-    health = NodeHealth(timeout_s=config.lease_timeout_s)
+    health = NodeHealth(
+        timeout_s=config.lease_timeout_s, registration_grace_s=config.registration_grace_s
+    )
     publisher = SlicePublisher(api, gate=health.reason)
     state = OperatorState(
         api=api,
@@ -148,6 +152,7 @@ async def startup(
         server=credentials.server,
         lease_namespace=config.lease_namespace,
         lease_timeout_s=config.lease_timeout_s,
+        registration_grace_s=config.registration_grace_s,
     )
 
 

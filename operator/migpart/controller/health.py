@@ -35,6 +35,11 @@ from migpart.kube.client import missing_resources
 log = structlog.get_logger(__name__)
 
 MAX_BACKOFF_S = 30.0
+REGISTRATION_GRACE_S = 10.0
+"""How long a node whose plugin kubelet had registered stays in service after its agent reports
+it not registered (a restarted agent does so until kubelet registers it again, about a second
+later), while its Lease is fresh. Well under kubelet's own 30 s before it wipes the slices of a
+plugin that went away."""
 
 
 async def serve(
@@ -117,13 +122,19 @@ class NodeHealth:
     Leases (during an upgrade, old agents run next to a new operator until the DaemonSet has
     rolled, and their nodes must not lose their devices meanwhile).
 
-    `check()` (every tick) recomputes lease staleness for the known MigNodes and returns what
-    changed; `reason()` answers from the last check, so a planning round and the slice
-    publisher read a dict, never a clock per node.
+    Registration has a grace (`registration_grace_s`): a node whose agent reported the plugin
+    registered and now reports it not registered stays available that long, measured from the
+    first report that said so, as a restarted agent reports "waiting for kubelet" until
+    kubelet registers it again. A node never seen registered by this operator gets no grace.
+
+    `check()` (every tick) recomputes lease staleness and registration graces for the known
+    MigNodes and returns what changed; `reason()` answers from the last check, so a planning
+    round and the slice publisher read a dict, never a clock per node.
     """
 
     timeout_s: float = float(LEASE_DURATION_S)
     clock: Callable[[], float] = time.monotonic
+    registration_grace_s: float = REGISTRATION_GRACE_S
     # node -> (renewTime last seen, monotonic time it was seen to change)
     _renewals: dict[str, tuple[str, float]] = field(default_factory=dict)
     _synced_at: float | None = None
@@ -133,6 +144,9 @@ class NodeHealth:
     _nodes: set[str] = field(default_factory=set)
     # node -> kubelet's refusal or "waiting", while the agent reports it not registered
     _unregistered: dict[str, str] = field(default_factory=dict)
+    _registered: set[str] = field(default_factory=set)  # nodes last reported registered
+    # node -> until when it stays in service, not registered after it was (registration grace)
+    _grace_until: dict[str, float] = field(default_factory=dict)
     _unavailable: dict[str, UnavailableReason] = field(default_factory=dict)
     # nodes whose verdict changed since the last check (by a check, or by a MigNode event)
     _changed: set[str] = field(default_factory=set)
@@ -171,14 +185,22 @@ class NodeHealth:
         next check still reports it, so that it is acted on in one place."""
         self._nodes.add(name)
         if plugin is not None and not plugin.registered:
+            if name in self._registered:  # registered until now: a restarted agent, likely
+                self._grace_until[name] = self.clock() + self.registration_grace_s
+            self._registered.discard(name)
             self._unregistered[name] = plugin.message
         else:
+            if plugin is not None:
+                self._registered.add(name)
             self._unregistered.pop(name, None)
+            self._grace_until.pop(name, None)
         return self._update(name)
 
     def forget(self, name: str) -> None:
         self._nodes.discard(name)
         self._unregistered.pop(name, None)
+        self._registered.discard(name)
+        self._grace_until.pop(name, None)
         self._unavailable.pop(name, None)
         self._changed.discard(name)
 
@@ -208,6 +230,8 @@ class NodeHealth:
         if silent is not None and silent > self.timeout_s:
             return "LeaseExpired"
         if node in self._unregistered:
+            if self.clock() < self._grace_until.get(node, 0.0):
+                return None  # registered within the grace: kubelet is registering it again
             return "PluginNotRegistered"
         return None
 

@@ -16,7 +16,7 @@ import pytest
 from migpart.agent.cdi import CdiWriter, cap_minor
 from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from migpart.agent.claims import InMemoryClaims
-from migpart.agent.plugin import DraDriver, KubeletPlugin
+from migpart.agent.plugin import ClaimRef, DraDriver, KubeletPlugin, PrepareError
 from migpart.agent.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -250,3 +250,25 @@ async def test_sockets_and_checkpoint_are_owner_only(short_dir: Path) -> None:
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_a_lost_gpu_fails_only_its_own_prepares(tmp_path: Path) -> None:
+    """While GPU 1 is lost, a claim on GPU 0 is prepared; a claim allocated on GPU 1 (before
+    it was lost) is refused for kubelet to retry, and prepared once the GPU is back."""
+    sim = SimulatedNvml([(H100, 2)], node=NODE)
+    await sim.create(0, "3g.40gb", 0)
+    await sim.create(1, "3g.40gb", 0)
+    claims = InMemoryClaims()
+    claims.put("team", "c0", "uid-0", [AllocatedDevice("gpu", DRIVER, NODE, "gpu-0-3g40gb-0")])
+    claims.put("team", "c1", "uid-1", [AllocatedDevice("gpu", DRIVER, NODE, "gpu-1-3g40gb-0")])
+    driver = make_plugin(tmp_path, sim, claims).driver
+    sim.lose(1)
+    assert [d.device for d in await driver.prepare(ClaimRef("team", "uid-0", "c0"))] == [
+        "gpu-0-3g40gb-0"
+    ]
+    with pytest.raises(PrepareError, match="gpu-1-3g40gb-0 does not exist"):
+        await driver.prepare(ClaimRef("team", "uid-1", "c1"))
+    sim.recover(1)
+    assert [d.device for d in await driver.prepare(ClaimRef("team", "uid-1", "c1"))] == [
+        "gpu-1-3g40gb-0"
+    ]

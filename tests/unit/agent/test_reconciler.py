@@ -310,3 +310,57 @@ async def test_random_plans_never_destroy_held_instances(
                 if hold[i] and (inst.profile, inst.start, inst.uuid) not in held:
                     prepare(checkpoint, f"u{n}-{i}", inst)
                     held.add((inst.profile, inst.start, inst.uuid))
+
+
+async def test_a_lost_gpu_does_not_hold_the_plan_back(checkpoint: Checkpoint) -> None:
+    """A spec naming a GPU that is lost (GPU_IS_LOST) is carried out on the others and
+    observed: the lost GPU cannot hold the node's plan, and the operator's
+    `maxConcurrentNodes` slot, forever. The GPU is reported lost and left out of `gpus`;
+    once it is back the spec is carried out on it."""
+    sim = SimulatedNvml([(H100, 2)], node="n")
+    sim.lose(1)
+    want = spec("p1", [("3g.40gb", 0)], [("7g.80gb", 0)])
+    lost = await reconcile_once(want, sim, checkpoint, now="t0")
+    assert lost.converged
+    assert lost.status.observed_plan_id == "p1"
+    assert [g.index for g in lost.status.gpus] == [0]
+    assert lost.status.lost_gpus == [1]
+    assert lost.ops == [Op("create", 0, "3g.40gb", 0)]
+    degraded = next(c for c in lost.status.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "GpuLost")
+    assert "GPU 1 lost" in degraded.message
+    assert "carried out then" in degraded.message
+    assert condition_status(lost.status.conditions, "Ready") == "True"
+
+    sim.recover(1)
+    back = await reconcile_once(want, sim, checkpoint, previous=lost.status, now="t1")
+    assert back.ops == [Op("create", 1, "7g.80gb", 0)]
+    assert back.status.lost_gpus == []
+    assert [g.index for g in back.status.gpus] == [0, 1]
+    assert condition_status(back.status.conditions, "Degraded") == "False"
+
+
+async def test_a_gpu_lost_mid_pass_is_reported_not_raised(checkpoint: Checkpoint) -> None:
+    class LosesOnCreate(SimulatedNvml):
+        async def create(self, gpu: int, profile: str, start: int) -> MigInstance:
+            if gpu == 1:
+                self.lose(1)  # falls off the bus as it is being changed
+            return await super().create(gpu, profile, start)
+
+    sim = LosesOnCreate([(H100, 2)], node="n")
+    result = await reconcile_once(
+        spec("p1", [("3g.40gb", 0)], [("7g.80gb", 0)]), sim, checkpoint, now="t0"
+    )
+    assert result.status.lost_gpus == [1]
+    assert result.status.observed_plan_id == "p1"
+
+
+async def test_a_missing_gpu_still_holds_the_plan_back(
+    sim: SimulatedNvml, checkpoint: Checkpoint
+) -> None:
+    """Only a lost GPU is excused: an index the node never had is the spec's error."""
+    want = spec("p1", [], [], [("7g.80gb", 0)])  # the node has GPUs 0 and 1
+    result = await reconcile_once(want, sim, checkpoint, now="t0")
+    assert not result.converged
+    assert result.status.observed_plan_id is None
+    assert "gpus[2]: no such GPU on this node" in result.problems

@@ -225,3 +225,40 @@ def test_the_same_seed_injects_the_same_faults() -> None:
 def test_bad_fault_specs_are_refused_clearly(text: str) -> None:
     with pytest.raises(ValueError, match="--sim-faults: bad entry"):
         SimFaults.parse(text)
+
+
+async def test_a_lost_gpu_is_listed_lost_refuses_every_call_and_comes_back(
+    tmp_path: Path,
+) -> None:
+    """GPU_IS_LOST: the GPU stays in the list, marked lost, and every call on it fails until
+    it is back, with the instances it had. The agent in its own process is made to lose one
+    through the lost-GPU file next to its state file (what the chaos harness does)."""
+    state = tmp_path / "simulated-nvml.json"
+    sim = SimulatedNvml([(H100, 2)], node="n", state_path=state)
+    made = await sim.create(1, "3g.40gb", 0)
+    (tmp_path / "simulated-nvml-lost.json").write_text("[1]")
+    listed = await sim.gpus()
+    assert [(g.index, g.lost, g.mig_enabled) for g in listed] == [
+        (0, False, True),
+        (1, True, False),
+    ]
+    assert listed[1].uuid == (await sim.gpus())[1].uuid != ""
+    calls = (
+        sim.instances(1),
+        sim.profile_table(1),
+        sim.create(1, "1g.10gb", 6),
+        sim.destroy(1, "3g.40gb", 0),
+        sim.processes(1, "3g.40gb", 0),
+    )
+    for call in calls:
+        with pytest.raises(NvmlFailure) as failed:
+            await call
+        assert failed.value.code == pynvml.NVML_ERROR_GPU_IS_LOST
+    assert await sim.instances(0) == []  # the other GPU works
+    (tmp_path / "simulated-nvml-lost.json").unlink()
+    assert not any(g.lost for g in await sim.gpus())
+    assert await sim.instances(1) == [made]
+    sim.lose(0)
+    assert sim.lost() == {0}
+    sim.recover(0)
+    assert sim.lost() == frozenset()

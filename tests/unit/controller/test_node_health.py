@@ -97,6 +97,7 @@ def test_a_deleted_node_is_forgotten() -> None:
 def test_plugin_registration_counts_at_once_and_only_where_reported() -> None:
     clock = Clock()
     h = health(clock, "a")
+    h.registration_grace_s = 0.0  # the grace after a registration: tested below
     h.leases_listed({"a": "t1"})
     waiting = KubeletPluginStatus(registered=False, message="waiting for kubelet")
     assert h.mignode("a", waiting)
@@ -223,3 +224,51 @@ def test_every_change_is_reported_by_the_next_check_whoever_noticed_it() -> None
     assert h.mignode("a", KubeletPluginStatus(registered=False))  # renewed, now unregistered
     assert h.reason("a") == "PluginNotRegistered"
     assert h.check() == ["a"]
+
+
+def test_a_node_that_was_registered_keeps_its_devices_for_the_registration_grace() -> None:
+    """A restarted agent reports "waiting for kubelet" until kubelet registers its plugin
+    again: a node seen registered stays available for the grace, from the first report that
+    said otherwise (later ones do not extend it); past it, or with an expired Lease, it is
+    unavailable. A node never seen registered gets no grace."""
+    clock = Clock()
+    h = NodeHealth(timeout_s=40.0, clock=clock, registration_grace_s=10.0)
+    h.leases_listed({"a": "t1", "b": "t1"})
+    waiting = KubeletPluginStatus(registered=False, message="waiting for kubelet")
+    registered = KubeletPluginStatus(registered=True)
+    assert not h.mignode("a", registered)
+    assert h.mignode("b", waiting)  # never registered: at once
+    assert h.reason("b") == "PluginNotRegistered"
+
+    assert not h.mignode("a", waiting)  # the agent restarted
+    assert h.check() == ["b"]
+    assert h.reason("a") is None
+    clock.now += 6
+    assert not h.mignode("a", waiting)  # a second report does not extend the grace
+    assert h.check() == []
+    assert not h.mignode("a", registered)  # kubelet registered it again: never withdrawn
+    assert h.reason("a") is None
+
+    assert not h.mignode("a", waiting)  # restarted again, and kubelet does not register it
+    clock.now += 9
+    assert h.check() == []
+    clock.now += 2
+    assert h.check() == ["a"]
+    assert h.reason("a") == "PluginNotRegistered"
+    assert h.mignode("a", registered)
+    assert h.reason("a") is None
+
+    h.lease_renewed("a", "t2")
+    h.mignode("a", waiting)  # within the grace, but the Lease expires: the Lease wins
+    clock.now += 41
+    h.check()
+    assert h.reason("a") == "LeaseExpired"
+
+
+def test_no_registration_grace_when_it_is_zero() -> None:
+    clock = Clock()
+    h = NodeHealth(timeout_s=40.0, clock=clock, registration_grace_s=0.0)
+    h.leases_listed({"a": "t1"})
+    h.mignode("a", KubeletPluginStatus(registered=True))
+    assert h.mignode("a", KubeletPluginStatus(registered=False, message="waiting"))
+    assert h.reason("a") == "PluginNotRegistered"

@@ -1,0 +1,145 @@
+"""Real `migpart agent --simulate` processes on the testbed, for tests that kill an agent or
+lose one of its GPUs (a file the simulator reads), and helpers that read what they and the
+operator wrote."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from migpart.testbed import Testbed
+from tests.integration.conftest import (
+    H100,
+    PROFILE_IS,
+    apply,
+    claim_body,
+    eventually,
+    get_or_none,
+    pending_pod,
+    policy_body,
+)
+
+
+class AgentProcess:
+    def __init__(self, bed: Testbed, node: str, root: Path, latency_ms: int, *extra: str) -> None:
+        self.bed, self.node, self.root, self.extra = bed, node, root, extra
+        self.log_path = root / f"agent-{node}.log"
+        self._log: IO[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start(latency_ms)
+
+    def start(self, latency_ms: int) -> None:
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "migpart.cli",
+                "agent",
+                "--node-name",
+                self.node,
+                "--simulate",
+                f"{H100}:1",
+                "--sim-latency-ms",
+                str(latency_ms),
+                "--no-kubelet-plugin",
+                "--kubeconfig",
+                str(self.bed.kubeconfig),
+                "--state-dir",
+                str(self.root / self.node / "state"),
+                "--cdi-dir",
+                str(self.root / self.node / "cdi"),
+                "--metrics-port",
+                "0",
+                "--lease-renew-seconds",
+                "0.5",
+                "--lease-duration-seconds",
+                "3",
+                *self.extra,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / self.node / "state"
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        assert self._log is not None
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+
+
+@pytest.fixture(name="agents")
+def agents_fixture(cluster: Testbed, tmp_path: Path) -> Iterator[dict[str, AgentProcess]]:
+    """The test's agent processes (it starts them), stopped after it; their logs' tails are
+    printed, so that a failing test shows them."""
+    running: dict[str, AgentProcess] = {}
+    yield running
+    for agent in running.values():
+        agent.stop()
+        print(agent.log_path.read_text()[-3000:])  # shown when the test failed
+
+
+def mignode(bed: Testbed, node: str) -> dict[str, Any]:
+    return get_or_none(bed, "mignode", node) or {}
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == type_), None)
+
+
+def devices(bed: Testbed, node: str) -> list[str]:
+    got = get_or_none(bed, "resourceslice", f"{node}-mig.migpart.io")
+    return sorted(d["name"] for d in ((got or {}).get("spec") or {}).get("devices") or [])
+
+
+def planned(obj: dict[str, Any], profile: str) -> bool:
+    gpus = (obj.get("spec") or {}).get("gpus") or []
+    return any(i["profile"] == profile for g in gpus for i in g.get("instances") or [])
+
+
+def one_slot_policy(bed: Testbed, name: str, labels: dict[str, str], *nodes: str) -> None:
+    """Once `nodes` report their GPUs: a policy over them that reconfigures one node at a
+    time, at once."""
+    for node in nodes:
+        eventually(lambda n=node: (mignode(bed, n).get("status") or {}).get("gpus"), timeout=90)  # type: ignore[misc]
+    reconfiguration = {"batchWindowSeconds": 0, "maxConcurrentNodes": 1}
+    apply(bed, policy_body(name, labels, reconfiguration=reconfiguration))
+
+
+def pending_claim(bed: Testbed, name: str, profile: str, node_selector: dict[str, str]) -> None:
+    """A claim for one `profile` device and a pod using it, pending on the selected node."""
+    apply(bed, claim_body(name, "default", PROFILE_IS.format(profile)))
+    pending_pod(bed, name, "default", name, node_selector)
+
+
+def spec_under_way(bed: Testbed, node: str, profile: str) -> str:
+    """The planId of the first spec of `node` that plans a `profile`, not yet carried out."""
+    spec = eventually(lambda: planned(mignode(bed, node), profile) and mignode(bed, node))
+    plan: str = spec["spec"]["planId"]
+    assert (spec.get("status") or {}).get("observedPlanId") != plan
+    return plan
