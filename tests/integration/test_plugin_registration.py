@@ -6,7 +6,6 @@ NotifyRegistrationStatus), as kubelet's plugin watcher does when it finds the so
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -23,6 +22,7 @@ from migpart.agent.proto import pluginregistration_v1_pb2, pluginregistration_v1
 from migpart.agent.simulator import SimulatedNvml
 from migpart.testbed import Testbed
 from tests.integration.conftest import H100, RunningOperator, get_or_none
+from tests.stopping import stop_task
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +112,4 @@ async def test_devices_are_published_once_kubelet_registered_the_plugin(
         assert registered["registered"] is True
         assert await poll(lambda: _devices(cluster)) == ["gpu-0-1g10gb-0"]
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_task(task, f"the agent of {NODE}")

@@ -36,6 +36,20 @@ log = structlog.get_logger("migpart.agent")
 MAX_BACKOFF_S = 30.0
 
 
+async def wait_until_set(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait for `event` up to `timeout_s`; False on timeout. A cancellation always goes
+    through: `asyncio.wait_for` on Python 3.11 drops one that arrives in the same loop
+    iteration as the event (it returns the finished wait instead of raising), and the agent
+    then never stopped (an agent cancelled right after a status write, whose own watch event
+    pokes it, looped on until the test timed out)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 class Agent:
     """One node's reconcile loop."""
 
@@ -150,8 +164,7 @@ class Agent:
                     self.metrics.status_write_failed()
                     log.warning("status_write_failed", node=self.node, error=str(err))
                     delay, backoff = backoff, min(backoff * 2, 60.0)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.trigger.wait(), timeout=delay)
+                await wait_until_set(self.trigger, delay)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
