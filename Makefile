@@ -3,8 +3,13 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The Go testbed binary is cached outside the repo, keyed by hack/testbed/go.sum.
+# The Go testbed binary is cached outside the repo, one per Kubernetes version, keyed by
+# the version and the content of hack/testbed (see operator/migpart/testbed/build.py).
 export MIGPART_CACHE ?= $(HOME)/.cache/migpart
+# Every Kubernetes version the integration and e2e suites run on: the oldest supported and
+# the newest. MIGPART_K8S_VERSION picks one for a single run (default: the newest).
+K8S_VERSIONS ?= 1.34.4 1.37.2
+DEMO_K8S_VERSION ?= 1.37.2
 
 .PHONY: help venv proto testbed check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean
 
@@ -28,7 +33,9 @@ proto: venv
 	$(PY) -m migpart.agent.proto.build
 
 testbed: venv
-	$(PY) -m migpart.cli testbed build
+	@for v in $(K8S_VERSIONS); do \
+		MIGPART_K8S_VERSION=$$v $(PY) -m migpart.cli testbed build || exit 1; \
+	done
 
 lint: venv
 	$(VENV)/bin/ruff check operator tests bench
@@ -50,17 +57,28 @@ unit: venv proto
 	$(PY) -m pytest tests/unit
 
 integration: venv proto testbed
-	$(PY) -m pytest tests/integration
+	@for v in $(K8S_VERSIONS); do \
+		echo "== integration on Kubernetes $$v"; \
+		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/integration || exit 1; \
+	done
 
 e2e: venv proto testbed
-	$(PY) -m pytest tests/e2e
+	@for v in $(K8S_VERSIONS); do \
+		echo "== e2e on Kubernetes $$v"; \
+		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/e2e || exit 1; \
+	done
 
 # Read-only NVML checks on a machine with an NVIDIA GPU.
 gpu: venv proto
 	MIGPART_GPU=1 $(PY) -m pytest -m gpu tests/gpu tests/unit/agent
 
+# Unit tests once, then the integration and e2e suites on each Kubernetes version.
 test: venv proto testbed
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --ignore=tests/integration --ignore=tests/e2e
+	@for v in $(K8S_VERSIONS); do \
+		echo "== integration and e2e on Kubernetes $$v"; \
+		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/integration tests/e2e || exit 1; \
+	done
 
 bench: venv
 	$(PY) bench/planner.py
@@ -74,8 +92,9 @@ bench-scale: venv proto testbed
 chaos: venv proto testbed
 	$(PY) bench/chaos.py $(ARGS)
 
-demo: venv proto testbed
-	$(PY) -m migpart.cli demo $(ARGS)
+demo: venv proto
+	MIGPART_K8S_VERSION=$(DEMO_K8S_VERSION) $(PY) -m migpart.cli testbed build
+	MIGPART_K8S_VERSION=$(DEMO_K8S_VERSION) $(PY) -m migpart.cli demo $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -3,7 +3,8 @@
 Runs the testbed control plane, simulated GPU nodes with real `migpart agent --simulate`
 processes (NVML with latency and injected failures, `--sim-faults`), the real `migpart
 operator`, and a trace-driven stream of pods (the Alibaba GPU trace, as in `make demo`),
-prepared on their nodes by the demo's stand-in kubelet. On a seeded schedule it injects:
+prepared on their nodes by a light stand-in kubelet (bench/stand_in_kubelet.py; no real
+kubelets here). On a seeded schedule it injects:
 
 - agent-kill: SIGKILL of a node's agent while the node carries out a spec (a create or a
   destroy under way), then a restart 1-3 s later;
@@ -66,12 +67,12 @@ from migpart.agent.simulator import LOST_FILE
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION, MigNodeSpec
 from migpart.commands.demo import _agents_ready
 from migpart.demo.cluster import REPO, LocalCluster
-from migpart.demo.kubelet import SimKubelet
 from migpart.demo.replay import NAMESPACE, claim_template, pod_body, template_name
 from migpart.demo.trace import TracePod, accelerate, load_trace
 from migpart.dra import DRIVER, DeviceId
 from migpart.mig import lookup_table
 from migpart.testbed import Testbed
+from stand_in_kubelet import SimKubelet  # bench/, next to this script
 
 MODEL = "NVIDIA H100 80GB HBM3"
 LABELS = {"migpart.io/chaos": "true"}
@@ -548,7 +549,10 @@ def main(argv: list[str]) -> int:
         min_life_s=5.0,
         max_life_s=max(10.0, args.duration / 6),
     )
-    print(f"chaos: seed {args.seed}, work dir {work}, {len(pods)} pods, faults {args.kinds}")
+    print(
+        f"chaos: seed {args.seed}, work dir {work}, {len(pods)} pods, faults {args.kinds}; "
+        "kubelets: a light stand-in (bench/stand_in_kubelet.py), no real kubelets"
+    )
     testbed = Testbed(work / "testbed")
     cluster = LocalCluster(testbed, work)
     chaos: Chaos | None = None
@@ -563,6 +567,7 @@ def main(argv: list[str]) -> int:
                 LABELS,
                 args.sim_latency_ms,
                 ("--sim-faults", sim_faults, "--resync-seconds", "5"),
+                kubelet=False,
             )
         cluster.wait_for("every agent to report its GPUs", lambda: _agents_ready(cluster))
         testbed.kubectl("apply", "-f", "-", input=POLICY)

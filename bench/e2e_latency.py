@@ -1,7 +1,8 @@
 """Reaction time of migpart end to end, on the testbed with the real scheduler.
 
 For each pod, whose claim no current layout serves, it measures the time from the pod's
-creation to the pod bound with its claim allocated, split into where that time goes:
+creation to the pod Running on the node's real kubelet (testbed kubelet, fake container
+runtime), split into where that time goes:
 
 - unschedulable: pod created -> kube-scheduler marked it PodScheduled=False/Unschedulable
   (the resourceclaim controller makes the claim from its template, the scheduler tries once);
@@ -14,7 +15,12 @@ creation to the pod bound with its claim allocated, split into where that time g
   `--withdraw-grace-seconds` and the confirming read); zero for plans that destroy nothing,
 - agent: planId written -> the agent reports it converged (status.observedPlanId),
 - publish: converged -> the new device is in the node's ResourceSlice,
-- scheduler: device published -> pod bound with its claim allocated (scheduler retry).
+- scheduler: device published -> pod bound with its claim allocated (scheduler retry),
+- kubelet: bound -> pod Running (the kubelet saw the pod, called the agent's
+  NodePrepareResources, which wrote the CDI spec, and started the container).
+
+Between pods the pod is deleted and the next one starts only once the kubelet unprepared its
+claim (the instance is Free again), so each sample starts from a quiet node.
 
 One GPU per node and one pod at a time, each asking a profile other than the free instance
 left by the previous pod, so every pod needs a repartition. Run twice: simulated NVML latency
@@ -36,8 +42,8 @@ from typing import Any
 from kubernetes_asyncio import client, config
 
 from migpart.demo.cluster import LocalCluster
-from migpart.demo.kubelet import SimKubelet
 from migpart.testbed import Testbed
+from migpart.testbed.build import kube_version
 
 PROFILES = ["3g.40gb", "1g.10gb", "2g.20gb", "1g.20gb", "4g.40gb", "7g.80gb"]
 NAMESPACE = "bench"
@@ -54,11 +60,10 @@ class Sample:
     agent: float
     publish: float
     scheduler: float
+    kubelet: float
 
 
-async def one_pod(
-    api: client.ApiClient, kubelet: SimKubelet, node: str, i: int, pool: str
-) -> Sample:
+async def one_pod(api: client.ApiClient, node: str, i: int, pool: str) -> Sample:
     core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
     custom = client.CustomObjectsApi(api)
     profile = PROFILES[i % len(PROFILES)]
@@ -98,14 +103,15 @@ async def one_pod(
             ],
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
             "nodeSelector": {"migpart.io/pool": pool},
+            "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 0,
         },
     }
     t0 = time.monotonic()
     await core.create_namespaced_pod(NAMESPACE, pod)
-    t_unschedulable = t_withdrawn = t_plan = t_agent = t_slice = t_bound = 0.0
+    t_unschedulable = t_withdrawn = t_plan = t_agent = t_slice = t_bound = t_running = 0.0
     new_plan = None
-    while not t_bound:
+    while not t_running:
         now = time.monotonic()
         if now - t0 > 120:
             raise TimeoutError(f"pod {name} not served in 120 s")
@@ -130,15 +136,18 @@ async def one_pod(
             for c in body.status.conditions or []
         ):
             t_unschedulable = seen
-        if body.spec.node_name and body.status.resource_claim_statuses:
+        if body.status.phase == "Running":
+            t_running = seen
+            t_bound = t_bound or seen
+        elif not t_bound and body.spec.node_name and body.status.resource_claim_statuses:
             claim = await res.read_namespaced_resource_claim(
                 body.status.resource_claim_statuses[0].resource_claim_name, NAMESPACE
             )
             if claim.status and claim.status.allocation:
                 t_bound = time.monotonic()
-                await kubelet.start_pod(body)
-                await kubelet.finish_pod(NAMESPACE, name, node)
         await asyncio.sleep(0.05)
+    await core.delete_namespaced_pod(name, NAMESPACE)
+    await wait_unprepared(custom, core, node, name)
     planning = await plan_seconds(custom, pool, new_plan) if new_plan else 0.0
     t_plan = t_plan or t_bound
     # polled: a step seen in the same poll as a later one counts as done when that one was
@@ -147,7 +156,7 @@ async def one_pod(
     t_agent = t_agent or t_plan
     t_slice = t_slice or t_agent
     return Sample(
-        t_bound - t0,
+        t_running - t0,
         t_unschedulable - t0,
         max(0.0, t_withdrawn - t_unschedulable - planning),
         planning,
@@ -155,7 +164,26 @@ async def one_pod(
         t_agent - t_plan,
         t_slice - t_agent,
         t_bound - t_slice,
+        t_running - t_bound,
     )
+
+
+async def wait_unprepared(
+    custom: client.CustomObjectsApi, core: client.CoreV1Api, node: str, pod: str
+) -> None:
+    """Until the deleted pod is gone and no instance of the node is still prepared."""
+    for _ in range(1200):
+        pods = await core.list_namespaced_pod(NAMESPACE, field_selector=f"metadata.name={pod}")
+        mn = await custom.get_cluster_custom_object("migpart.io", "v1alpha1", "mignodes", node)
+        states = [
+            i["state"]
+            for g in (mn.get("status") or {}).get("gpus", [])
+            for i in g.get("instances", [])
+        ]
+        if not pods.items and all(s == "Free" for s in states):
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"pod {pod} still there or its instance still prepared after 120 s")
 
 
 async def slice_devices(res: client.ResourceV1Api, node: str) -> set[str]:
@@ -181,11 +209,9 @@ async def plan_seconds(custom: client.CustomObjectsApi, pool: str, plan_id: str)
 
 async def series(cluster: LocalCluster, node: str, pool: str, pods: int) -> list[Sample]:
     api = await config.new_client_from_config(config_file=str(cluster.testbed.kubeconfig))
-    kubelet = SimKubelet(api, {n.name: n.plugin_socket for n in cluster.nodes.values()})
     try:
-        return [await one_pod(api, kubelet, node, i, pool) for i in range(pods)]
+        return [await one_pod(api, node, i, pool) for i in range(pods)]
     finally:
-        await kubelet.close()
         await api.close()
 
 
@@ -199,7 +225,16 @@ def report(label: str, samples: list[Sample]) -> None:
         f"{label}: {len(samples)} pods  p50 {statistics.median(totals):.2f} s  "
         f"p95 {pct(totals, 0.95):.2f} s  max {max(totals):.2f} s"
     )
-    parts = ("unschedulable", "batching", "planning", "protocol", "agent", "publish", "scheduler")
+    parts = (
+        "unschedulable",
+        "batching",
+        "planning",
+        "protocol",
+        "agent",
+        "publish",
+        "scheduler",
+        "kubelet",
+    )
     for part in parts:
         values = [getattr(s, part) for s in samples]
         print(
@@ -250,8 +285,8 @@ def main() -> int:
         )
         cluster.start_operator()
         print(
-            f"e2e latency, batch window {args.batch_window} s, one H100 per node, "
-            f"logs in {work / 'logs'}"
+            f"e2e latency through the real kubelet (Kubernetes {kube_version()}), batch window "
+            f"{args.batch_window} s, one H100 per node, logs in {work / 'logs'}"
         )
         p50: dict[str, float] = {}
         for pool, latency in (("fast", 0.0), ("slow", args.latency_ms)):

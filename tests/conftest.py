@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from migpart.testbed.build import VERSION_ENV, TestbedBuildError, kube_version
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -13,3 +16,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # correct test on a loaded machine (CI shares its cores). A test's own settings still apply.
 settings.register_profile("migpart", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("migpart")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which Kubernetes the integration and e2e suites of this run use."""
+    try:
+        return f"testbed: Kubernetes v{kube_version()} (${VERSION_ENV} picks one)"
+    except TestbedBuildError as exc:
+        return f"testbed: {exc}"

@@ -1,7 +1,9 @@
 """The real control plane of hack/testbed for the suites that need one.
 
-`running_testbed` builds the Go testbed on first use (cached outside the repo) and runs etcd,
-kube-apiserver, kube-scheduler and kube-controller-manager on free loopback ports. Each suite
+`running_testbed` builds the Go testbed of the Kubernetes version $MIGPART_K8S_VERSION names
+(default the newest; `make test` runs the suites once per version) on first use, cached
+outside the repo, and runs etcd, kube-apiserver, kube-scheduler and kube-controller-manager
+on free loopback ports; e2e nodes add a real kubelet each (migpart.testbed.kubelet). Each suite
 (integration, e2e) starts its own from a package-scoped fixture, so nothing one suite leaves
 behind (an operator, agents, nodes) can act on the other's. Where the testbed cannot be built,
 tests that use it FAIL with instructions; they never skip.

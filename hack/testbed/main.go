@@ -1,8 +1,12 @@
-// Command testbed is one binary holding a real Kubernetes control plane for
-// migpart's integration and end-to-end tests: etcd, kube-apiserver,
-// kube-scheduler, kube-controller-manager and kubectl, all built from the Go
-// module proxy. The first argument picks the component; each component runs as
-// its own process (the Python side, `migpart testbed run`, starts them).
+// Command testbed is one binary holding a real Kubernetes cluster for migpart's
+// integration and end-to-end tests: etcd, kube-apiserver, kube-scheduler,
+// kube-controller-manager, kubelet, a fake CRI runtime for the kubelet and
+// kubectl, all built from the Go module proxy. The first argument picks the
+// component; each component runs as its own process (the Python side,
+// `migpart testbed run`, starts them).
+//
+// The source is shared by every Kubernetes version; each version's go.mod and
+// go.sum live in hack/testbed/v1.MINOR (see operator/migpart/testbed/build.py).
 package main
 
 import (
@@ -15,13 +19,14 @@ import (
 
 	"go.etcd.io/etcd/server/v3/etcdmain"
 	"k8s.io/component-base/cli"
+	"k8s.io/component-base/version"
 	kubectl "k8s.io/kubectl/pkg/cmd"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 )
 
-const usage = "usage: testbed etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubectl|keygen|version [args...]"
+const usage = "usage: testbed etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubelet|fake-cri|kubectl|keygen|version [args...]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -40,12 +45,16 @@ func main() {
 		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
 	case "kube-controller-manager":
 		os.Exit(cli.Run(controllermanager.NewControllerManagerCommand()))
+	case "kubelet":
+		os.Exit(kubeletMain())
+	case "fake-cri":
+		os.Exit(fakeCRIMain(args))
 	case "kubectl":
 		os.Exit(cli.Run(kubectl.NewDefaultKubectlCommand()))
 	case "keygen":
 		os.Exit(keygen(args))
 	case "version":
-		fmt.Println("testbed kubernetes v1.34.4")
+		fmt.Println("testbed kubernetes " + version.Get().GitVersion)
 	default:
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)

@@ -1,5 +1,9 @@
 """End-to-end fixtures: one local cluster for the suite (testbed, operator), nodes per test.
 
+Every node is a real kubelet (with the testbed's fake container runtime) and a real agent
+whose DRA plugin registered with that kubelet: pods run, prepare and unprepare their claims
+exactly as on a cluster.
+
 Each test gets its own namespace, its own node pool label and its own policy, so tests do not
 see each other's demand. A monitor thread checks the one invariant that matters during every
 test: no device allocated to a claim of a live pod ever disappears from its node.
@@ -7,7 +11,6 @@ test: no device allocated to a claim of a live pod ever disappears from its node
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import threading
@@ -17,15 +20,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client, config
 
 from migpart.demo.cluster import LocalCluster
-from migpart.demo.kubelet import SimKubelet
 from migpart.mig import device_name
 from migpart.testbed import Testbed
+from migpart.testbed.kubelet import RUN_SECONDS_ENV
 from tests.testbeds import running_testbed
 
 H100 = "NVIDIA H100 80GB HBM3"
+# The agents' Lease timeout in this suite (default 40 s). A kubelet wipes a driver's slices 30 s
+# after its plugin went away; with 40 s a killed agent's node would still count as available
+# when that happens and the operator would republish its devices until the Lease expired.
+# 15 s (renewed every 3 s) makes the node unavailable first (test_kubelet.py).
+LEASE_TIMEOUT_S = 15
 H200 = "NVIDIA H200"
 _ids = itertools.count(1)
 
@@ -39,9 +46,18 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
 
 @pytest.fixture(scope="package")
 def cluster(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(testbed, tmp_path_factory.mktemp("e2e"))
+    local = LocalCluster(
+        testbed,
+        tmp_path_factory.mktemp("e2e"),
+        agent_flags=[
+            "--lease-duration-seconds",
+            str(LEASE_TIMEOUT_S),
+            "--lease-renew-seconds",
+            str(LEASE_TIMEOUT_S / 5),
+        ],
+    )
     local.install()
-    local.start_operator()
+    local.start_operator("--lease-timeout-seconds", str(LEASE_TIMEOUT_S))
     try:
         yield local
     finally:
@@ -139,8 +155,10 @@ class Scenario:
         out = self.tb.kubectl("get", "mignode", node, "-o", "json", check=False)
         return list((json.loads(out).get("status") or {}).get("gpus", [])) if out else []
 
-    def pod(self, name: str, selector: str, count: int = 1) -> None:
-        """A pod with a claim template of `count` MIG devices matching the CEL `selector`."""
+    def pod(self, name: str, selector: str, count: int = 1, run_s: float | None = None) -> None:
+        """A pod with a claim template of `count` MIG devices matching the CEL `selector`.
+        Its container runs until the pod is deleted, or exits after `run_s` seconds."""
+        env = [] if run_s is None else [{"name": RUN_SECONDS_ENV, "value": str(run_s)}]
         template = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
@@ -171,9 +189,11 @@ class Scenario:
                     {
                         "name": "c",
                         "image": "registry.k8s.io/pause:3.10",
+                        "env": env,
                         "resources": {"claims": [{"name": "gpu"}]},
                     }
                 ],
+                "restartPolicy": "Never",
                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
                 # this test's nodes only: earlier tests' free devices must not serve it
                 "nodeSelector": {"migpart.io/pool": self.pool},
@@ -199,20 +219,28 @@ class Scenario:
         alloc = (claim.get("status") or {}).get("allocation")
         return list(alloc["devices"]["results"]) if alloc else []
 
+    def phase(self, pod: str) -> str:
+        return str(self.get("pod", pod, "-n", self.namespace).get("status", {}).get("phase"))
+
     def wait_served(self, pod: str, timeout_s: float = 120.0) -> list[dict[str, str]]:
+        """Wait until the pod is bound with its claim allocated and its kubelet ran it (which
+        means the agent prepared the claim); return the claim's devices."""
         self.eventually(
             f"pod {pod} bound with its claim allocated",
             lambda: bool(self.allocated(pod)),
             timeout_s,
         )
         devices = self.allocated(pod)
-        self.kubelet("start", pod)
+        self.eventually(
+            f"pod {pod} Running",
+            lambda: self.phase(pod) in ("Running", "Succeeded"),  # a batch pod may be done
+            timeout_s,
+        )
         return devices
 
-    def kubelet(self, action: str, pod: str) -> None:
-        """Run the simulated kubelet's start (prepare + Running) or finish (unprepare +
-        delete) for one pod, against the agents' real gRPC plugin."""
-        asyncio.run(_kubelet(self.cluster, self.namespace, pod, action))
+    def finish(self, pod: str) -> None:
+        """Delete the pod; its kubelet stops it and unprepares its claim."""
+        self.tb.kubectl("delete", "pod", pod, "-n", self.namespace, "--wait=false")
 
     def eventually(self, what: str, ready: Callable[[], bool], timeout_s: float = 120.0) -> None:
         self.cluster.wait_for(what, ready, timeout_s)
@@ -222,21 +250,6 @@ class Scenario:
         self.tb.kubectl("delete", "gpupartitionpolicy", self.pool, "--wait=false", check=False)
         for node in self.nodes:
             self.cluster.remove_gpu_node(node)
-
-
-async def _kubelet(cluster: LocalCluster, namespace: str, pod: str, action: str) -> None:
-    api = await config.new_client_from_config(config_file=str(cluster.testbed.kubeconfig))
-    kubelet = SimKubelet(api, {n.name: n.plugin_socket for n in cluster.nodes.values()})
-    try:
-        body = await client.CoreV1Api(api).read_namespaced_pod(pod, namespace)
-        if action == "start":
-            await kubelet.start_pod(body)
-        else:
-            kubelet.prepared[f"{namespace}/{pod}"] = await kubelet._claims_of(body)
-            await kubelet.finish_pod(namespace, pod, body.spec.node_name)
-    finally:
-        await kubelet.close()
-        await api.close()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from migpart.mig import device_name
 from tests.e2e.conftest import H100, H200, Scenario, wait_s
 
 pytestmark = pytest.mark.e2e
@@ -133,13 +134,20 @@ def test_spares_are_kept_free(scenario: Scenario) -> None:
     assert instances(scenario, node) == [(0, "1g.10gb", "Free")] * 2
 
 
-def test_deleted_pod_frees_its_device_for_reuse(scenario: Scenario) -> None:
+@pytest.mark.parametrize("ending", ["deleted", "exited"])
+def test_a_finished_pod_frees_its_device_for_reuse(scenario: Scenario, ending: str) -> None:
+    """The pod is deleted, or its container exits (a batch pod: it Succeeds): either way its
+    kubelet unprepares the claim, the agent frees the instance, and the next pod gets the same
+    instance, with no repartition."""
     node = scenario.add_node(f"{H100}:1")
     scenario.policy()
-    scenario.pod("first", by_profile("4g.40gb"))
+    scenario.pod("first", by_profile("4g.40gb"), run_s=5 if ending == "exited" else None)
     first = scenario.wait_served("first")
     plan_id = scenario.mignode(node)["spec"]["planId"]
-    scenario.kubelet("finish", "first")
+    if ending == "deleted":
+        scenario.finish("first")
+    else:
+        scenario.eventually("the pod Succeeded", lambda: scenario.phase("first") == "Succeeded")
     scenario.eventually(
         "the instance is free again",
         lambda: instances(scenario, node, "Free") == [(0, "4g.40gb", "Free")],
@@ -158,7 +166,7 @@ def test_allocation_racing_a_withdrawal_never_loses_a_device(scenario: Scenario)
     scenario.policy()
     scenario.pod("warmup", by_profile("7g.80gb"))
     scenario.wait_served("warmup")
-    scenario.kubelet("finish", "warmup")
+    scenario.finish("warmup")
     scenario.eventually(
         "the 7g.80gb is free", lambda: instances(scenario, node, "Free") == [(0, "7g.80gb", "Free")]
     )
@@ -201,3 +209,38 @@ def test_the_sample_manifests_work_as_shipped(scenario: Scenario) -> None:
         )
     finally:
         scenario.tb.kubectl("delete", "gpupartitionpolicy", "inference-pool", "--wait=false")
+
+
+def test_cdi_ids_given_to_the_runtime_name_the_allocated_instance(scenario: Scenario) -> None:
+    """The CDI device ids the kubelet passes to the container runtime (recorded by the fake
+    runtime's CreateContainer) are the agent's CDI devices for the instance allocated to the
+    claim: the id is the claim's, its spec exposes that instance's MIG UUID, and the MigNode
+    reports that instance prepared for that claim."""
+    node = scenario.add_node(f"{H100}:1")
+    scenario.policy()
+    scenario.pod("cdi", by_profile("3g.40gb"))
+    [device] = scenario.wait_served("cdi")
+    pod = scenario.get("pod", "cdi", "-n", scenario.namespace)
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim_uid = scenario.get("resourceclaim", claim_name, "-n", scenario.namespace)["metadata"][
+        "uid"
+    ]
+    sim = scenario.cluster.nodes[node]
+    assert sim.kubelet is not None
+    created = [c for c in sim.kubelet.created_containers() if c["podUid"] == pod["metadata"]["uid"]]
+    assert [c["container"] for c in created] == ["c"]
+    name = f"{claim_uid}-{device['device']}"
+    assert created[0]["cdiDevices"] == [f"mig.migpart.io/mig={name}"]
+    spec = json.loads((sim.dir / "cdi" / f"mig.migpart.io-{claim_uid}.json").read_text())
+    [entry] = [d for d in spec["devices"] if d["name"] == name]
+    [visible] = [e for e in entry["containerEdits"]["env"] if e.startswith("NVIDIA_VISIBLE_")]
+    uuid = visible.split("=", 1)[1]
+    [instance] = [
+        (g["index"], i)
+        for g in scenario.gpus(node)
+        for i in g.get("instances", [])
+        if i["uuid"] == uuid
+    ]
+    index, body = instance
+    assert device_name(index, body["profile"], body["start"]) == device["device"]
+    assert body["claims"] == [f"{scenario.namespace}/{claim_name}"]

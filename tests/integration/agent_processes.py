@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     pending_pod,
     policy_body,
 )
+from tests.stopping import stop_process
 
 
 class AgentProcess:
@@ -81,15 +82,12 @@ class AgentProcess:
         self._log.close()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self._log is not None:
-            self._log.close()
+        try:
+            if self.proc is not None:
+                stop_process(self.proc, f"the agent of {self.node}")
+        finally:
+            if self._log is not None:
+                self._log.close()
 
 
 @pytest.fixture(name="agents")

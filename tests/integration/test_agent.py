@@ -20,6 +20,7 @@ from migpart.agent.app import AgentConfig, serve
 from migpart.agent.claims import ClaimNotFound, KubeClaims
 from migpart.agent.simulator import SimulatedNvml
 from migpart.dra import AllocatedDevice
+from tests.stopping import stop_async_process, stop_task
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -80,9 +81,7 @@ async def running_agent(
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_task(task, f"the agent of {config.node}")
 
 
 async def test_agent_creates_mignode_reports_and_converges(
@@ -235,7 +234,6 @@ async def test_migpart_agent_command_runs_on_the_simulator(crds: Testbed, short_
     """`migpart agent --simulate` as its own process: reports, serves /readyz and /metrics,
     and exits cleanly on SIGTERM."""
     import os
-    import signal
     import socket
     import sys
 
@@ -287,7 +285,6 @@ async def test_migpart_agent_command_runs_on_the_simulator(crds: Testbed, short_
             async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
                 assert "migpart_agent_reconcile_duration_seconds" in await r.text()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = await proc.communicate()
+        _, stderr = await stop_async_process(proc, "migpart agent")
     assert proc.returncode == 0, stderr.decode()[-2000:]
     assert not (short_dir / "registry" / "mig.migpart.io-reg.sock").exists()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 from migpart.testbed import Testbed
 from migpart.testbed.run import free_port
 from tests.integration.conftest import H100, ROOT, eventually, get_or_none, policy_body
+from tests.stopping import stop_process
 from tests.testbeds import running_testbed
 
 pytestmark = pytest.mark.integration
@@ -43,6 +43,7 @@ class Process:
 
     def __init__(self, bed: Testbed, log: Path, *args: str) -> None:
         self.log_path = log
+        self.what = f"migpart {args[0]}"
         self._log: IO[bytes] = log.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "migpart.cli", *args, "--kubeconfig", str(bed.kubeconfig)],
@@ -62,15 +63,10 @@ class Process:
         return out
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+        try:
+            return stop_process(self.proc, self.what)
+        finally:
+            self._log.close()
 
 
 def ready(port: int) -> int:

@@ -8,7 +8,6 @@ socket."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +26,7 @@ from migpart.controller.state import OperatorState
 from migpart.testbed import Testbed
 from tests.integration.conftest import H100, RunningOperator, get_or_none
 from tests.integration.test_agent import running_agent
+from tests.stopping import stop_task
 
 pytestmark = pytest.mark.integration
 
@@ -120,9 +120,7 @@ async def test_devices_are_published_once_kubelet_registered_the_plugin(
         assert registered["registered"] is True
         assert await poll(lambda: _devices(cluster)) == ["gpu-0-1g10gb-0"]
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_task(task, f"the agent of {NODE}")
 
 
 def _generation(bed: Testbed) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from migpart.testbed import Testbed, build
+from migpart.testbed.build import kube_version
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +22,8 @@ def test_api_server_serves_dra_v1(testbed: Testbed) -> None:
         "resourceclaims.resource.k8s.io",
         "resourceslices.resource.k8s.io",
     } <= set(out.split())
-    assert "v1.34" in testbed.kubectl("version", "-o", "json")
+    versions = json.loads(testbed.kubectl("version", "-o", "json"))
+    assert versions["serverVersion"]["gitVersion"] == f"v{kube_version()}"
 
 
 def test_added_node_is_ready_and_untainted(testbed: Testbed) -> None:

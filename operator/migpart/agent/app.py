@@ -25,6 +25,8 @@ from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
 from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
     from kubernetes_asyncio.client import ApiClient
 
     from migpart.agent.backend import NvmlBackend
@@ -52,6 +54,41 @@ class AgentConfig:
     lease_namespace: str = LEASE_NAMESPACE
     lease_duration_s: int = LEASE_DURATION_S
     lease_renew_s: float = LEASE_RENEW_S
+
+
+# How long each part of the agent's shutdown may take (its tasks, the kubelet plugin's gRPC
+# servers, the metrics server) before the agent logs it and goes on without it. The process
+# (`migpart agent`) bounds the whole shutdown too: see `--stop-grace-seconds`.
+STOP_GRACE_S = 5.0
+
+
+async def stop_tasks(tasks: Sequence[asyncio.Task[None]], grace_s: float) -> None:
+    """Cancel `tasks` and wait up to `grace_s` for them to end. One that has not ended by then
+    is logged by name (an error: a task that ignores cancellation is a bug) and left behind.
+    A task that failed re-raises its error here, as awaiting it would."""
+    for task in tasks:
+        task.cancel()
+    done, pending = await asyncio.wait(tasks, timeout=grace_s)
+    if pending:
+        log.error(
+            "agent_tasks_did_not_stop",
+            tasks=sorted(t.get_name() for t in pending),
+            grace_s=grace_s,
+        )
+    for task in tasks:
+        if task in done and not task.cancelled():
+            task.result()
+
+
+async def bounded(
+    what: str, stop: Callable[[], Awaitable[None]], grace_s: float = STOP_GRACE_S
+) -> None:
+    """Run one shutdown step for at most `grace_s`; log it and go on when it takes longer."""
+    try:
+        async with asyncio.timeout(grace_s):
+            await stop()
+    except TimeoutError:
+        log.error("agent_stop_step_timed_out", step=what, grace_s=grace_s)
 
 
 def _caps_root(config: AgentConfig) -> Path | None:
@@ -118,11 +155,11 @@ async def serve(
             stack.push_async_callback(nvml.close)
         if config.metrics_port:
             port = await health.start()
-            stack.push_async_callback(health.stop)
+            stack.push_async_callback(bounded, "metrics server", health.stop)
             log.info("metrics_listening", node=config.node, port=port)
         if config.kubelet_plugin:
             await plugin.start()
-            stack.push_async_callback(plugin.stop)
+            stack.push_async_callback(bounded, "kubelet plugin", plugin.stop)
         log.info(
             "agent_started",
             node=config.node,
@@ -136,7 +173,4 @@ async def serve(
         try:
             await task
         finally:
-            for running in (task, heartbeat):
-                running.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await running
+            await stop_tasks((task, heartbeat), STOP_GRACE_S)

@@ -19,6 +19,7 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.agent.reconciler import reconcile_once
+from migpart.aio import wait_until_set
 from migpart.dra import now_iso
 from migpart.errors import GpuBusy, NvmlFailure, ResourceNotServed
 
@@ -155,8 +156,7 @@ class Agent:
                     self.metrics.status_write_failed()
                     log.warning("status_write_failed", node=self.node, error=str(err))
                     delay, backoff = backoff, min(backoff * 2, 60.0)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.trigger.wait(), timeout=delay)
+                await wait_until_set(self.trigger, delay)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):

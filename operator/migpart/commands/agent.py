@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -16,8 +13,12 @@ from migpart import logs
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.simulator import SimFaults, parse_simulate
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
+from migpart.commands.stopping import run_until_signalled
 from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 from migpart.kube.client import load_configuration
+
+# How long SIGTERM may take to stop the agent (Kubernetes' default grace period is 30 s).
+STOP_GRACE_S = 25.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -115,6 +116,14 @@ def parser() -> argparse.ArgumentParser:
         default=30.0,
         help="reconcile at least this often even without changes",
     )
+    p.add_argument(
+        "--stop-grace-seconds",
+        type=float,
+        default=STOP_GRACE_S,
+        help="on SIGTERM/SIGINT, exit with 70 and the stacks of what is still running when the"
+        " agent has not stopped after this long (keep it under the pod's"
+        " terminationGracePeriodSeconds)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -155,23 +164,23 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
 
 async def _main(config: AgentConfig, kubeconfig: Path | None) -> None:
     cfg = await load_configuration(kubeconfig)
-    task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        if task is not None:
-            loop.add_signal_handler(sig, task.cancel)
     async with ApiClient(cfg) as api:
-        with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, api)
+        await serve(config, api)
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if not args.stop_grace_seconds > 0:
+        print(
+            f"migpart agent: --stop-grace-seconds must be above 0, not {args.stop_grace_seconds:g}",
+            file=sys.stderr,
+        )
+        return 2
     logs.configure(args.log_level)
     try:
         config = config_from(args)
     except ValueError as err:
         print(f"migpart agent: {err}", file=sys.stderr)
         return 2
-    asyncio.run(_main(config, args.kubeconfig))
+    run_until_signalled(lambda: _main(config, args.kubeconfig), "agent", args.stop_grace_seconds)
     return 0

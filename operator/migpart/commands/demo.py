@@ -1,7 +1,9 @@
 """`migpart demo`: the whole of migpart on one machine, in a few minutes.
 
-Starts the testbed control plane, `--nodes` simulated nodes with 8 H100s each (one real
-`migpart agent --simulate` process per node), the real `migpart operator`, applies a policy, and
+Starts the testbed control plane (Kubernetes 1.37.2 unless $MIGPART_K8S_VERSION says
+otherwise), `--nodes` simulated nodes with 8 H100s each (one real kubelet with a fake container
+runtime and one real `migpart agent --simulate` process per node), the real `migpart operator`,
+applies a policy, and
 replays an accelerated stretch of the Alibaba GPU trace as pods with ResourceClaims while a
 live view shows pods, GPU layouts and repartitions. Ends with one summary line. Everything it
 started is stopped on exit or Ctrl-C.
@@ -19,7 +21,6 @@ from pathlib import Path
 from kubernetes_asyncio import config
 
 from migpart.demo.cluster import REPO, LocalCluster
-from migpart.demo.kubelet import SimKubelet
 from migpart.demo.replay import Replay, Stats
 from migpart.demo.trace import TracePod, accelerate, load_trace
 from migpart.mig import lookup_table
@@ -122,11 +123,9 @@ async def _replay(
     cluster: LocalCluster, pods: list[TracePod], duration_s: float, memory: dict[str, int]
 ) -> Stats:
     api = await config.new_client_from_config(config_file=str(cluster.testbed.kubeconfig))
-    kubelet = SimKubelet(api, {n.name: n.plugin_socket for n in cluster.nodes.values()})
     try:
-        replay = Replay(api, kubelet, pods, duration_s)
+        replay = Replay(api, pods, duration_s)
         await replay.setup(memory)
         return await replay.run()
     finally:
-        await kubelet.close()
         await api.close()

@@ -1,4 +1,4 @@
-"""`migpart testbed build | run`: the local control plane of hack/testbed."""
+"""`migpart testbed build | run`: the local Kubernetes of hack/testbed."""
 
 from __future__ import annotations
 
@@ -9,27 +9,44 @@ import threading
 from pathlib import Path
 
 from migpart.testbed import Testbed, TestbedBuildError, TestbedError, build
+from migpart.testbed.build import KUBE_VERSIONS, VERSION_ENV
+from migpart.testbed.kubelet import NodeKubelet
+
+VERSION_HELP = (
+    f"Kubernetes version, one of {', '.join(KUBE_VERSIONS)} "
+    f"(default: ${VERSION_ENV}, else the newest)"
+)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="migpart testbed")
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("build", help="build the Go testbed binary (cached) and print its path")
+    b = sub.add_parser("build", help="build the Go testbed binary (cached) and print its path")
+    b.add_argument("--version", default=None, help=VERSION_HELP)
     run = sub.add_parser("run", help="run the control plane in the foreground until signalled")
     run.add_argument("--dir", type=Path, required=True, help="state dir; DIR/kubeconfig")
     run.add_argument("--port", type=int, default=0, help="kube-apiserver port (default: free)")
+    run.add_argument("--version", default=None, help=VERSION_HELP)
+    run.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="nodes with a real kubelet each (fake container runtime), testbed-node-1..N",
+    )
     args = parser.parse_args(argv)
+    if getattr(args, "nodes", 0) < 0:
+        parser.error("--nodes must be >= 0")
     try:
         if args.action == "build":
-            print(build())
+            print(build(version=args.version))
             return 0
-        return _run(args.dir, args.port)
+        return _run(args.dir, args.port, args.version, args.nodes)
     except (TestbedBuildError, TestbedError) as exc:
         print(f"migpart testbed: {exc}", file=sys.stderr)
         return 1
 
 
-def _run(directory: Path, port: int) -> int:
+def _run(directory: Path, port: int, version: str | None, nodes: int) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -37,10 +54,24 @@ def _run(directory: Path, port: int) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    testbed = Testbed(directory.resolve(), port=port)
+    directory = directory.resolve()
+    testbed = Testbed(directory, port=port, binary=build(version=version))
+    kubelets = [
+        NodeKubelet(testbed, f"testbed-node-{i + 1}", directory / "nodes" / f"n{i + 1}")
+        for i in range(nodes)
+    ]
     with testbed.running():
-        print(f"testbed ready: {testbed.server}, kubeconfig {testbed.kubeconfig}", flush=True)
-        while not stop.wait(1.0):
-            testbed.check_alive()
+        try:
+            for kubelet in kubelets:
+                kubelet.start()
+                print(f"node {kubelet.name} Ready (kubelet in {kubelet.dir})", flush=True)
+            print(f"testbed ready: {testbed.server}, kubeconfig {testbed.kubeconfig}", flush=True)
+            while not stop.wait(1.0):
+                testbed.check_alive()
+                for kubelet in kubelets:
+                    kubelet.check_alive()
+        finally:
+            for kubelet in kubelets:
+                kubelet.stop()
     print("testbed stopped", flush=True)
     return 0

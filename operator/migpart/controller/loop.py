@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -11,6 +10,7 @@ from typing import Any
 
 import structlog
 
+from migpart.aio import wait_until_set
 from migpart.controller.errors import Outcome, survive
 from migpart.controller.indexes import cluster_from
 from migpart.controller.reconcile import PolicyRound
@@ -71,11 +71,9 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
             if stopped.is_set():
                 return
             if held_back:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopped.wait(), timeout=wait)
+                await wait_until_set(stopped, wait)
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=wait)
+            if await wait_until_set(wake, wait):
                 # Woken by an index handler, which runs before kopf stores its result:
                 # let the index settle (and a burst of events coalesce) first.
                 await asyncio.sleep(SETTLE_S)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from migpart.aio import wait_until_set
+
 log = structlog.get_logger(__name__)
 
 # How long a stopping loop may take to finish its round before it is cancelled.
@@ -108,8 +110,7 @@ class Workers:
                 raise
             except Exception:  # a bug must not end the loop for good: log, pause, go on
                 log.exception("worker_crashed", name=name, restart_in_s=self._restart_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(signals.stopped.wait(), timeout=self._restart_s)
+            await wait_until_set(signals.stopped, self._restart_s)
             if signals.stopped.is_set():
                 return
 

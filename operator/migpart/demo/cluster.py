@@ -1,7 +1,8 @@
 """A local migpart cluster: the testbed, simulated GPU nodes with their agents, the operator.
 
 Every component is the real program in its own process (`migpart agent --simulate`,
-`migpart operator`), talking to the real API server; only NVML is simulated.
+`migpart operator`, a real kubelet per node), talking to the real API server; only NVML and
+the container runtime (the kubelet's fake CRI, see `migpart.testbed.kubelet`) are simulated.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
+from migpart.testbed.kubelet import NodeKubelet
 from migpart.testbed.run import terminate_all
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,15 +30,22 @@ DEVICE_CLASS = REPO / "manifests" / "deviceclass.yaml"
 
 @dataclass
 class SimNode:
+    """A node: its real kubelet (with the fake runtime), or none, and its agent on simulated
+    NVML."""
+
     name: str
     gpus: str
     dir: Path
-    proc: subprocess.Popen[bytes]
-    log: IO[bytes]
-    args: list[str] = field(default_factory=list)
+    kubelet: NodeKubelet | None
+    agent_args: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = None
 
     @property
     def plugin_socket(self) -> Path:
+        """The agent's DRA socket."""
+        if self.kubelet is not None:
+            return self.kubelet.plugin_dir(DRIVER) / "dra.sock"
         return self.dir / "plugins" / "dra.sock"
 
 
@@ -46,6 +56,8 @@ class LocalCluster:
     testbed: Testbed
     dir: Path
     nodes: dict[str, SimNode] = field(default_factory=dict)
+    # flags added to every agent (e.g. shorter Lease timings for tests)
+    agent_flags: list[str] = field(default_factory=list)
     _operator: tuple[subprocess.Popen[bytes], IO[bytes]] | None = None
 
     def install(self) -> None:
@@ -82,12 +94,36 @@ class LocalCluster:
         labels: dict[str, str] | None = None,
         sim_latency_ms: float = 0.0,
         extra_args: tuple[str, ...] = (),
+        kubelet: bool = True,
     ) -> SimNode:
-        """A Node object plus a `migpart agent --simulate` process for it (`extra_args` are
-        appended to the agent's flags)."""
-        self.testbed.add_node(name, {"nvidia.com/mig.capable": "true", **(labels or {})})
+        """A real kubelet that registers the Node (Ready, schedulable), then a
+        `migpart agent --simulate` process whose DRA plugin registers with that kubelet
+        (`extra_args` are appended to the agent's flags). With `kubelet=False` the Node is an
+        API object only (`Testbed.add_node`) and no kubelet runs: for bench/chaos.py, which
+        drives pods with its own light stand-in."""
         node_dir = self.dir / "nodes" / name
         node_dir.mkdir(parents=True, exist_ok=True)
+        all_labels = {"nvidia.com/mig.capable": "true", **(labels or {})}
+        real: NodeKubelet | None = None
+        if kubelet:
+            real = NodeKubelet(self.testbed, name, node_dir / "k", all_labels)
+            real.start()
+            dirs = [
+                "--plugin-dir",
+                str(real.plugin_dir(DRIVER)),
+                "--registration-dir",
+                str(real.registration_dir),
+                # the kubelet registers the plugin: the operator publishes only once it has
+                "--report-registration",
+            ]
+        else:
+            self.testbed.add_node(name, all_labels)
+            dirs = [
+                "--plugin-dir",
+                str(node_dir / "plugins"),
+                "--registration-dir",
+                str(node_dir / "registry"),
+            ]
         args = [
             "agent",
             "--simulate",
@@ -102,29 +138,26 @@ class LocalCluster:
             str(node_dir / "state"),
             "--cdi-dir",
             str(node_dir / "cdi"),
-            "--plugin-dir",
-            str(node_dir / "plugins"),
-            "--registration-dir",
-            str(node_dir / "registry"),
+            *dirs,
             "--metrics-port",
             "0",
+            *self.agent_flags,
             *extra_args,
         ]
-        proc, log = self._spawn(f"agent-{name}", args)
-        node = SimNode(name, gpus, node_dir, proc, log, args)
+        node = SimNode(name, gpus, node_dir, real, args)
         self.nodes[name] = node
+        self.start_agent(name)
         return node
 
-    def kill_agent(self, name: str) -> None:
-        """SIGKILL the node's agent (its simulated GPUs keep their instances)."""
+    def start_agent(self, name: str) -> None:
+        """(Re)start the agent of a node (its checkpoint and CDI dir are kept)."""
         node = self.nodes[name]
-        _kill(node.proc)
-        node.log.close()
+        if node.proc is None or node.proc.poll() is not None:
+            node.proc, node.log = self._spawn(f"agent-{name}", node.agent_args)
 
     def restart_agent(self, name: str) -> None:
         """Start the node's agent again with the flags it had."""
-        node = self.nodes[name]
-        node.proc, node.log = self._spawn(f"agent-{name}", node.args)
+        self.start_agent(name)
 
     def kill_operator(self) -> None:
         """SIGKILL the operator (start it again with `start_operator`)."""
@@ -133,12 +166,29 @@ class LocalCluster:
             self._operator[1].close()
             self._operator = None
 
+    def kill_agent(self, name: str) -> None:
+        """SIGKILL the agent, as a crash would: no cleanup, its sockets stay behind."""
+        node = self.nodes[name]
+        if node.proc is not None and node.log is not None:
+            _kill(node.proc)
+            node.log.close()
+        node.proc = node.log = None
+
+    def stop_agent(self, name: str, grace_s: float = 10.0) -> None:
+        node = self.nodes[name]
+        if node.proc is not None and node.log is not None:
+            terminate_all([(node.proc, node.log)], grace_s)
+        node.proc = node.log = None
+
     def remove_gpu_node(self, name: str) -> None:
-        """Stop the node's agent and delete its Node; the garbage collector takes the MigNode
-        and ResourceSlices the Node owns."""
-        node = self.nodes.pop(name, None)
+        """Stop the node's kubelet and agent and delete its Node; the garbage collector takes
+        the MigNode and ResourceSlices the Node owns."""
+        node = self.nodes.get(name)
         if node is not None:
-            _terminate(node.proc, node.log)
+            if node.kubelet is not None:
+                node.kubelet.stop()
+            self.stop_agent(name)
+            del self.nodes[name]
         self.testbed.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")
 
     def start_operator(self, *extra: str) -> None:
@@ -162,7 +212,10 @@ class LocalCluster:
     def check_alive(self) -> None:
         """Raise with the log tail of any component that died."""
         self.testbed.check_alive()
-        procs = [(f"agent-{n.name}", n.proc) for n in self.nodes.values()]
+        for node in self.nodes.values():
+            if node.kubelet is not None:
+                node.kubelet.check_alive()
+        procs = [(f"agent-{n.name}", n.proc) for n in self.nodes.values() if n.proc is not None]
         if self._operator:
             procs.append(("operator", self._operator[0]))
         for name, proc in procs:
@@ -182,8 +235,11 @@ class LocalCluster:
 
     def stop(self) -> None:
         self.stop_operator()
-        for node in self.nodes.values():
-            _terminate(node.proc, node.log)
+        for name in list(self.nodes):
+            kubelet = self.nodes[name].kubelet
+            if kubelet is not None:
+                kubelet.stop()
+            self.stop_agent(name)
         self.nodes.clear()
 
 

@@ -1,5 +1,9 @@
 """Replay trace pods against a local cluster, show what happens live, and summarise.
 
+Pods run on the nodes' real kubelets; each container ends (the fake runtime's
+`MIGPART_FAKE_RUN_SECONDS`) after the trace's run time, the pod Succeeds, its kubelet
+unprepares the claim, and the replay deletes the pod.
+
 Claims are DRA ResourceClaimTemplates selecting MIG devices by profile (or, for variety, by
 memory capacity through `quantity()`), so the operator's real CEL evaluation decides which
 profiles serve them.
@@ -16,9 +20,9 @@ from typing import Any, TextIO
 from kubernetes_asyncio import client
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
-from migpart.demo.kubelet import SimKubelet
 from migpart.demo.trace import TracePod
 from migpart.dra import DEVICE_CLASS, DRIVER, DeviceId
+from migpart.testbed.kubelet import RUN_SECONDS_ENV
 
 NAMESPACE = "migpart-demo"
 
@@ -58,7 +62,9 @@ def claim_template(profile: str, count: int, by_memory_mib: int | None = None) -
     }
 
 
-def pod_body(name: str, template: str) -> dict[str, Any]:
+def pod_body(name: str, template: str, run_s: float | None = None) -> dict[str, Any]:
+    """A pod of the claim template; on a real kubelet its container exits after `run_s`."""
+    env = [] if run_s is None else [{"name": RUN_SECONDS_ENV, "value": f"{run_s:.1f}"}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -68,9 +74,11 @@ def pod_body(name: str, template: str) -> dict[str, Any]:
                 {
                     "name": "work",
                     "image": "registry.k8s.io/pause:3.10",
+                    "env": env,
                     "resources": {"claims": [{"name": "gpu"}]},
                 }
             ],
+            "restartPolicy": "Never",
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
             "terminationGracePeriodSeconds": 0,
         },
@@ -108,7 +116,6 @@ class Replay:
     def __init__(
         self,
         api: client.ApiClient,
-        kubelet: SimKubelet,
         pods: list[TracePod],
         duration_s: float,
         out: TextIO = sys.stdout,
@@ -118,7 +125,6 @@ class Replay:
         self.core = client.CoreV1Api(api)
         self.resource = client.ResourceV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        self.kubelet = kubelet
         self.pods = pods
         self.duration_s = duration_s
         self.out = out
@@ -164,7 +170,7 @@ class Replay:
 
     async def _create(self, pod: TracePod, at: float) -> None:
         name = pod.name.lower()
-        body: Any = pod_body(name, template_name(pod.profile, pod.count))
+        body: Any = pod_body(name, template_name(pod.profile, pod.count), pod.duration_s)
         await self.core.create_namespaced_pod(NAMESPACE, body)
         self.tracks[name] = PodTrack(pod, at)
         self.stats.created += 1
@@ -179,9 +185,8 @@ class Replay:
                 track.bound_at, track.node = at, pod.spec.node_name
                 self.stats.served += 1
                 self.stats.waits_s.append(at - track.created_at)
-                await self.kubelet.start_pod(pod)
-            if track.bound_at is not None and at - track.bound_at >= track.pod.duration_s:
-                await self.kubelet.finish_pod(NAMESPACE, pod.metadata.name, track.node)
+            if pod.status.phase in ("Succeeded", "Failed"):
+                await self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
                 track.finished = True
                 self.stats.finished += 1
         await self._observe_nodes()

@@ -10,6 +10,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -41,14 +42,16 @@ def ready_node_status() -> dict[str, Any]:
 
 def terminate_all(
     procs: Sequence[tuple[subprocess.Popen[bytes], IO[bytes]]], grace_s: float = 10.0
-) -> None:
+) -> list[subprocess.Popen[bytes]]:
     """SIGTERM the process group of each process (in order), wait for all of them together
-    up to `grace_s`, SIGKILL the groups still there, and close their logs."""
+    up to `grace_s`, SIGKILL the groups still there, and close their logs. Returns the
+    processes that had to be killed; each is named on stderr and at the end of its log."""
     for proc, _ in procs:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
+    killed = []
     for proc, log in procs:
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -56,7 +59,18 @@ def terminate_all(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            killed.append(proc)
+            note = f"migpart: pid {proc.pid} did not stop within {grace_s:g} s of SIGTERM; killed"
+            print(f"{note}: {_command(proc)}", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError, ValueError):
+                log.write(f"\n{note}\n".encode())
         log.close()
+    return killed
+
+
+def _command(proc: subprocess.Popen[bytes]) -> str:
+    args = proc.args
+    return " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
 
 
 class TestbedError(MigpartError):

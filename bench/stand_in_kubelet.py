@@ -1,4 +1,8 @@
-"""A simulated kubelet for kubelet-less testbed nodes.
+"""A light stand-in kubelet for kubelet-less testbed nodes, for bench/chaos.py only.
+
+The demo, the e2e tests and bench/e2e_latency.py run a real kubelet per node
+(migpart.testbed.kubelet). The chaos harness keeps this stand-in: it kills and restarts
+agents, the operator and the API server hundreds of times, and drives pods itself.
 
 For a pod the scheduler bound to a simulated node it does what kubelet's DRA manager does:
 read the pod's allocated ResourceClaims, call `NodePrepareResources` on that node's agent over
