@@ -12,7 +12,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import kopf
 import pytest
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import ApiClient, Configuration
 
 from migpart.agent.lease import micro_time
 from migpart.api.leases import LEASE_LABELS, LEASE_NAMESPACE, lease_name
@@ -264,6 +266,17 @@ def policy_body(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any
         "metadata": {"name": name},
         "spec": {"nodeSelector": {"matchLabels": labels}, **spec},
     }
+
+
+@pytest.fixture
+async def api(cluster: Testbed) -> AsyncIterator[ApiClient]:
+    """An API client of the test's own loop, as cluster-admin."""
+    cfg = Configuration()
+    await kube_config.load_kube_config(
+        config_file=str(cluster.kubeconfig), client_configuration=cfg
+    )
+    async with ApiClient(cfg) as client:
+        yield client
 
 
 @pytest.fixture(scope="package")

@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client import ApiClient
 
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.proto import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
@@ -38,16 +37,6 @@ def short_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="mpr-", dir="/tmp"))  # unix socket paths are short
     yield path
     shutil.rmtree(path)
-
-
-@pytest.fixture
-async def api(cluster: Testbed) -> AsyncIterator[ApiClient]:
-    cfg = Configuration()
-    await kube_config.load_kube_config(
-        config_file=str(cluster.kubeconfig), client_configuration=cfg
-    )
-    async with ApiClient(cfg) as client:
-        yield client
 
 
 async def poll(fn: Any) -> Any:

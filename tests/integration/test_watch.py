@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from migpart.controller.indexes import WATCHED, watch_index
 from migpart.kube.watch import Index
@@ -21,16 +20,6 @@ from tests.integration.conftest import apply, claim_body, pending_pod
 pytestmark = pytest.mark.integration
 
 NS = "watch-test"
-
-
-@pytest.fixture
-async def api(cluster: Testbed) -> AsyncIterator[ApiClient]:
-    cfg = Configuration()
-    await kube_config.load_kube_config(
-        config_file=str(cluster.kubeconfig), client_configuration=cfg
-    )
-    async with ApiClient(cfg) as client:
-        yield client
 
 
 async def until(changed: asyncio.Event, check: Callable[[], bool]) -> None:
