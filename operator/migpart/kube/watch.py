@@ -36,6 +36,7 @@ Body = Mapping[str, Any]
 ListCall = Callable[..., Awaitable[Any]]
 
 WATCH_TIMEOUT_S = 300
+READ_MARGIN_S = 30
 PAGE_SIZE = 500
 MAX_BACKOFF_S = 30.0
 
@@ -138,6 +139,9 @@ async def _watch(
         resource_version=version,
         allow_watch_bookmarks=True,
         timeout_seconds=WATCH_TIMEOUT_S,
+        # the server ends the watch after WATCH_TIMEOUT_S: a read that waits longer than that
+        # is a dead connection (no FIN), which would otherwise freeze the index for good
+        _request_timeout=aiohttp.ClientTimeout(sock_read=WATCH_TIMEOUT_S + READ_MARGIN_S),
         **selectors,
     )
     pending = b""
