@@ -27,6 +27,7 @@ from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION, condition_status
+from migpart.controller.indexes import plain
 from migpart.controller.state import OperatorState
 from migpart.errors import MigpartError
 from migpart.kube.leases import STALE
@@ -37,13 +38,12 @@ log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
 
 PUBLISH_CONCURRENCY = 32
-KEPT = ("apiVersion", "kind", "metadata", "spec", "status")
 
 
 def mignode_entry(body: Body) -> dict[str, Any]:
     """name -> the MigNode (the top-level fields, no copy: nothing writes to them)."""
     name = str((body.get("metadata") or {}).get("name") or "")
-    return {name: {k: body[k] for k in KEPT if k in body}}
+    return {name: plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
 
 
 def _name(body: Body) -> str:

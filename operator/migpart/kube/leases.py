@@ -19,7 +19,7 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from migpart.api.leases import LEASE_LABELS, lease_name
 from migpart.api.models import Condition
 from migpart.dra import now_iso
-from migpart.kube.watch import follow
+from migpart.kube.watch import follow, label_selector
 
 log = structlog.get_logger(__name__)
 
@@ -52,10 +52,6 @@ def _renewal(lease: Mapping[str, Any]) -> tuple[str, str] | None:
     return str(holder), str(renew)
 
 
-def _selector() -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(LEASE_LABELS.items()))
-
-
 class _Renewals:
     """`kube.watch.Sink` -> `LeaseSink`: Lease bodies to (node, renewTime)."""
 
@@ -86,7 +82,7 @@ async def watch_leases(api: ApiClient, namespace: str, sink: LeaseSink) -> None:
         functools.partial(leases.list_namespaced_lease, namespace),
         _Renewals(sink),
         "leases",
-        label_selector=_selector(),
+        label_selector=label_selector(LEASE_LABELS),
     )
 
 

@@ -46,7 +46,7 @@ from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode
 from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION, DeviceId
 from migpart.errors import MigpartError, StaleSnapshot
 from migpart.kube.cel import slice_device
-from migpart.kube.watch import follow
+from migpart.kube.watch import follow, label_selector
 from migpart.mig import Instance, Profile
 
 log = structlog.get_logger(__name__)
@@ -457,5 +457,9 @@ class SliceWatch:
 async def watch_slices(api: ApiClient, sink: SliceWatch) -> None:
     """Follow migpart's ResourceSlices (`SLICE_LABELS`) into `sink` until cancelled."""
     slices: Any = ResourceV1Api(api)
-    selector = ",".join(f"{k}={v}" for k, v in sorted(SLICE_LABELS.items()))
-    await follow(slices.list_resource_slice, sink, "resourceslices", label_selector=selector)
+    await follow(
+        slices.list_resource_slice,
+        sink,
+        "resourceslices",
+        label_selector=label_selector(SLICE_LABELS),
+    )

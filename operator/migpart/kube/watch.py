@@ -164,6 +164,11 @@ async def _watch(
     return version
 
 
+def label_selector(labels: Mapping[str, str]) -> str:
+    """A label selector matching exactly `labels`."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
 def all_pods(api: ApiClient) -> ListCall:
     return CoreV1Api(api).list_pod_for_all_namespaces
 
