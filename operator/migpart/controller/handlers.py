@@ -132,8 +132,9 @@ async def startup(
     state.resync = asyncio.create_task(
         resync_slices(publisher, config.slice_resync_s), name="slice-resync"
     )
-    slices = SliceWatch(publisher)
-    mignodes = MigNodeWatch(state, slices.listed_once)
+    slices_listed = asyncio.Event()
+    mignodes = MigNodeWatch(state, slices_listed)
+    slices = SliceWatch(publisher, slices_listed, mignodes.publish)
     watched = watched_indexes(state)
     state.watched = {**watched, "mignodes_index": mignodes}
     state.tasks = [

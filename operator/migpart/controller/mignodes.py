@@ -10,7 +10,8 @@ back as a MigNode event: thousands in a burst at 1,000 nodes. `MigNodeWatch` kee
 - publishes the node's ResourceSlice (`SlicePublisher`), in a task of its own: once the
   slice watch has listed (so that the publisher knows every slice and never creates one that
   exists), at most PUBLISH_CONCURRENCY at once. A failed write is logged; the periodic resync
-  writes it.
+  writes it. The slice watch hands a deleted slice to `publish` too, so every slice write
+  of a node goes through its one task.
 
 A MigNode deleted, or gone from a new list, is forgotten by the publisher and node health.
 """
@@ -95,9 +96,9 @@ class MigNodeWatch(Index):
         else:
             state.stale_flagged.discard(name)
         state.health.mignode(name, status.kubelet_plugin if status else None)
-        self._publish(name)
+        self.publish(name)
 
-    def _publish(self, name: str) -> None:
+    def publish(self, name: str) -> None:
         """Publish the node's slice from the newest MigNode seen: one write task per node at a
         time; an event during a write asks for one more write after it."""
         if name in self._writes:

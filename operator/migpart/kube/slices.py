@@ -44,7 +44,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode
 from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION, DeviceId
-from migpart.errors import MigpartError, StaleSnapshot
+from migpart.errors import StaleSnapshot
 from migpart.kube.cel import slice_device
 from migpart.kube.watch import follow, label_selector
 from migpart.mig import Instance, Profile
@@ -419,14 +419,18 @@ class SlicePublisher:
 class SliceWatch:
     """`kube.watch.Sink` for migpart's slices: the publisher's view of them comes from here,
     not from GETs. A slice deleted under a known node (by hand, or by a kubelet wiping its
-    node's slices) is written again at once; if that write fails, the periodic resync
-    writes it."""
+    node's slices) is handed to `rewrite`, which writes it again at once through the node's
+    one write task (the MigNode watch's: coalesced with the writes its events ask for, under
+    the same concurrency bound and error handling); if that write fails, the periodic resync
+    writes it. `listed_once` is set at the first list: from then on the publisher knows every
+    slice that exists."""
 
-    def __init__(self, publisher: SlicePublisher) -> None:
+    def __init__(
+        self, publisher: SlicePublisher, listed_once: asyncio.Event, rewrite: Callable[[str], None]
+    ) -> None:
         self.publisher = publisher
-        self._writes: set[asyncio.Task[None]] = set()
-        # set at the first list: from then on the publisher knows every slice that exists
-        self.listed_once = asyncio.Event()
+        self.listed_once = listed_once
+        self._rewrite = rewrite
 
     def listed(self, objects: Sequence[Mapping[str, Any]]) -> None:
         for body in objects:
@@ -438,20 +442,12 @@ class SliceWatch:
             self.publisher.observe_slice(obj)
             return
         node = self.publisher.slice_deleted(obj)
-        if node is not None and node in self.publisher.nodes():
+        if node is not None and self.publisher.node(node) is not None:
             log.info("resource_slice_deleted", node=node)
-            task = asyncio.create_task(self._rewrite(node), name=f"slice-rewrite-{node}")
-            self._writes.add(task)
-            task.add_done_callback(self._writes.discard)
+            self._rewrite(node)
 
     def broken(self) -> None:
         """Deletions are not seen meanwhile: the resync finds the missing slices."""
-
-    async def _rewrite(self, node: str) -> None:
-        try:
-            await self.publisher.publish(node)
-        except (ApiException, MigpartError, TimeoutError) as error:
-            log.warning("resource_slice_rewrite_failed", node=node, error=str(error)[:300])
 
 
 async def watch_slices(api: ApiClient, sink: SliceWatch) -> None:

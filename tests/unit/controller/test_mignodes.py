@@ -79,3 +79,29 @@ async def test_a_deleted_node_is_forgotten_and_not_written() -> None:
     assert publisher.forgotten == ["a", "b"]
     assert publisher.published == []
     assert list(w) == []
+
+
+async def test_a_deleted_slice_is_written_again_through_the_nodes_one_write_task() -> None:
+    """The slice watch hands a deleted slice to the MigNode watch: a write for the node already
+    in flight then gives exactly one more, as for any MigNode event."""
+    from migpart.dra import DRIVER
+    from migpart.kube.slices import SlicePublisher, SliceWatch, slice_name
+
+    w, publisher, listed = watch()
+    real = SlicePublisher(api=cast(Any, None))
+    real.observe(MigNode.model_validate(mignode("a", 1, gpus=[])))
+    slices = SliceWatch(real, listed, w.publish)
+    body = {
+        "metadata": {"name": slice_name("a"), "resourceVersion": "5"},
+        "spec": {"driver": DRIVER, "nodeName": "a", "pool": {"name": "a", "generation": 3}},
+    }
+    slices.listed([body])
+    assert listed.is_set()
+    publisher.gate.clear()
+    w.changed("ADDED", mignode("a", 1, gpus=[]))
+    await settle()
+    slices.changed("DELETED", body)
+    slices.changed("DELETED", {**body, "spec": {**body["spec"], "nodeName": "unknown"}})
+    publisher.gate.set()
+    await settle()
+    assert publisher.published == ["a", "a"]
