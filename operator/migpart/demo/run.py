@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -73,7 +73,7 @@ def start_nodes(cluster: LocalCluster, run: DemoRun) -> list[str]:
     for name in run.node_names:
         cluster.add_gpu_node(name, gpus, dict(run.labels), run.sim_latency_ms)
     cluster.wait_for(
-        "every agent to report its GPUs", lambda: _agents_ready(cluster, run.node_names)
+        "every agent to report its GPUs", lambda: agents_ready(cluster, run.node_names)
     )
     return run.node_names
 
@@ -88,7 +88,9 @@ def replay(cluster: LocalCluster, run: DemoRun, out: TextIO = sys.stdout) -> Sta
     return asyncio.run(_replay(cluster, run, out))
 
 
-def _agents_ready(cluster: LocalCluster, nodes: list[str]) -> bool:
+def agents_ready(cluster: LocalCluster, nodes: Collection[str] | None = None) -> bool:
+    """Whether the agents of `nodes` (default: all the cluster's) reported their GPUs."""
+    want = set(cluster.nodes if nodes is None else nodes)
     out = cluster.testbed.kubectl("get", "mignodes", "-o", "json", check=False)
     if not out:
         return False
@@ -97,7 +99,7 @@ def _agents_ready(cluster: LocalCluster, nodes: list[str]) -> bool:
         for n in json.loads(out)["items"]
         if (n.get("status") or {}).get("gpus")
     }
-    return set(nodes) <= ready
+    return want <= ready
 
 
 async def _replay(cluster: LocalCluster, run: DemoRun, out: TextIO) -> Stats:
