@@ -3,10 +3,11 @@
 Starts the testbed control plane (Kubernetes 1.37.2 unless $MIGPART_K8S_VERSION says
 otherwise), `--nodes` simulated nodes with 8 H100s each (one real kubelet with a fake container
 runtime and one real `migpart agent --simulate` process per node), the real `migpart operator`,
-applies a policy, and
-replays an accelerated stretch of the Alibaba GPU trace as pods with ResourceClaims while a
-live view shows pods, GPU layouts and repartitions. Ends with one summary line. Everything it
-started is stopped on exit or Ctrl-C.
+applies a policy, and replays an accelerated stretch of the Alibaba GPU trace as pods with
+ResourceClaims while a live view shows pods, GPU layouts and repartitions. Ends with a summary
+line, then one line with what the simulator gives for the same pods on the same cluster shape
+(static `all-balanced`, `first-fit`, and its model of migpart with this policy; see
+docs/simulate.md, "Beside the demo"). Everything it started is stopped on exit or Ctrl-C.
 """
 
 from __future__ import annotations
