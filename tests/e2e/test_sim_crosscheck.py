@@ -11,7 +11,7 @@ import io
 
 import pytest
 
-from migpart.demo.compare import measured, simulated
+from migpart.demo.compare import comparison_line, measured, simulated
 from migpart.demo.run import DemoRun, apply_policy, replay, start_nodes
 from migpart.demo.trace import accelerate, load_trace
 from migpart.mig import lookup_table
@@ -20,10 +20,10 @@ from tests.e2e.conftest import H100, Scenario
 
 pytestmark = pytest.mark.e2e
 
-# Twelve pods of the trace from its 25th GPU task (1 x 2g, 1 x 3g-or-larger by memory, 1 x 4g,
-# 9 x 7g), arriving over 36 s on one node of 8 H100s: up to 8 run at once, so some 7g pods
-# wait for a GPU and the planner both reuses freed instances and creates new ones.
-OFFSET, PODS, DURATION_S = 24, 12, 60.0
+# Twelve pods of the trace from its 37th GPU task (6 x 7g, 2 x 4g, 2 x 3g, 1 x 2g, 1 x 1g,
+# some asking by memory), arriving over 36 s on one node of 3 H100s: the planner reuses
+# freed instances, creates new ones and destroys free ones to make room.
+OFFSET, PODS, GPUS, DURATION_S = 36, 12, 3, 60.0
 # How far the run's MIG creates+destroys may be from the simulator's, see the test.
 TOLERANCE = 4
 
@@ -39,6 +39,7 @@ def test_simulator_agrees_with_the_testbed(scenario: Scenario) -> None:
         tuple(pods),
         DURATION_S,
         nodes=1,
+        gpus_per_node=GPUS,
         name=scenario.pool,
         node_prefix=scenario.pool,
         labels={"migpart.io/pool": scenario.pool},
@@ -50,7 +51,12 @@ def test_simulator_agrees_with_the_testbed(scenario: Scenario) -> None:
     out = io.StringIO()
     real = measured(replay(scenario.cluster, run, out))
     sim = simulated(run)["migpart"]
-    report = f"real {real}, simulated {sim}; replay:\n{out.getvalue()}"
+    line = (
+        f"{comparison_line({'migpart': sim}, real)} (creates, destroys: simulator "
+        f"{sim.creates}, {sim.destroys}; this run {real.creates}, {real.destroys})"
+    )
+    print(line)  # in the log of a passing run too (pytest -rA)
+    report = f"{line}\nreplay:\n{out.getvalue()}"
 
     # Both serve every pod: the last arrives at 36 s and waits at most for one of the 5 s 7g
     # pods to leave, well inside the 60 s.
