@@ -122,10 +122,11 @@ def simulated(run: DemoRun) -> dict[str, Measured]:
     config = sim_config(run)
     templates = claim_templates(run.pods, run.table, namespace=run.namespace)
     pods = sim_pods(run.pods, templates, run.table, config.planner_policy, device_classes())
-    return {name: _measure(config, name, pods, run.duration_s) for name in config.policies}
+    return {name: measure(config, name, pods, run.duration_s) for name in config.policies}
 
 
-def _measure(config: SimConfig, name: str, pods: Sequence[SimPod], end_s: float) -> Measured:
+def measure(config: SimConfig, name: str, pods: Sequence[SimPod], end_s: float) -> Measured:
+    """Policy `name` of `config` on `pods` (arrivals as given), counted at `end_s`."""
     policy, workload = make_policy(config, name, pods)
     cluster = SimCluster(config.table, config.nodes, config.gpus_per_node)
     engine = Engine(cluster, workload, policy)
