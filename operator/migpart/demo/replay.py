@@ -128,7 +128,7 @@ class Stats:
     """What a replay saw, counted from its own looks at the API server (every ~0.25 s).
 
     `served`: pods given a node (`spec.nodeName`) before the replay ended; `waits_s` their
-    waits from creation to that look. `repartitions`: plans carried to a node (each new
+    waits from creation to that look. `repartitions`: plans written to a node (each new
     `MigNode.spec.planId`). `creates`, `destroys`: MIG instances that appeared in, or left, a
     MigNode's status between two looks (what the simulator's `Outcome` counts too).
     """
