@@ -12,9 +12,10 @@ began; the simulator replays the same arrivals and run times from 0):
   simulator: `Engine.creates + Engine.destroys`). Not the demo's "repartitions" (plans
   written to a node): first-fit and static layouts have no plans to count.
 
-The simulator's migpart runs the run's policy: its batch window, `maxConcurrentNodes` and
-profile filter, ageing as the operator ages claims (`kube.demand.AGE_S`), no spares and no
-hold for multi-GPU pods (the operator has neither). Its actuation time per changed GPU is the
+The simulator's migpart runs the run's policy: its batch window, `maxConcurrentNodes`, profile
+filter and spares (`policy_view`), ageing as the operator ages claims (`kube.demand.AGE_S`),
+and neither of the simulator's own options the operator lacks (spares from the recent mix,
+holding a node for a multi-GPU pod). Its actuation time per changed GPU is the
 agent's NVML calls for it at the run's simulated latency (`NVML_CALLS_PER_GPU`). The model has
 no API server, informers or scheduler back-off, so its waits are shorter than the run's; served
 and creates+destroys are what the e2e cross-check compares.
