@@ -65,9 +65,9 @@ from kubernetes_asyncio import client, config
 
 from migpart.agent.simulator import LOST_FILE
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION, MigNodeSpec
-from migpart.commands.demo import _agents_ready
 from migpart.demo.cluster import REPO, LocalCluster
 from migpart.demo.replay import NAMESPACE, claim_template, pod_body, template_name
+from migpart.demo.run import agents_ready
 from migpart.demo.trace import TracePod, accelerate, load_trace
 from migpart.dra import DRIVER, DeviceId
 from migpart.mig import lookup_table
@@ -569,7 +569,7 @@ def main(argv: list[str]) -> int:
                 ("--sim-faults", sim_faults, "--resync-seconds", "5"),
                 kubelet=False,
             )
-        cluster.wait_for("every agent to report its GPUs", lambda: _agents_ready(cluster))
+        cluster.wait_for("every agent to report its GPUs", lambda: agents_ready(cluster))
         testbed.kubectl("apply", "-f", "-", input=POLICY)
         cluster.start_operator()
         chaos = asyncio.run(_run(args, cluster, pods, table))

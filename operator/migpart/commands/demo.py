@@ -3,37 +3,26 @@
 Starts the testbed control plane (Kubernetes 1.37.2 unless $MIGPART_K8S_VERSION says
 otherwise), `--nodes` simulated nodes with 8 H100s each (one real kubelet with a fake container
 runtime and one real `migpart agent --simulate` process per node), the real `migpart operator`,
-applies a policy, and
-replays an accelerated stretch of the Alibaba GPU trace as pods with ResourceClaims while a
-live view shows pods, GPU layouts and repartitions. Ends with one summary line. Everything it
-started is stopped on exit or Ctrl-C.
+applies a policy, and replays an accelerated stretch of the Alibaba GPU trace as pods with
+ResourceClaims while a live view shows pods, GPU layouts and repartitions. Ends with a summary
+line, then one line with what the simulator gives for the same pods on the same cluster shape
+(static `all-balanced`, `first-fit`, and its model of migpart with this policy; see
+docs/simulate.md, "Beside the demo"). Everything it started is stopped on exit or Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
 import tempfile
 from pathlib import Path
 
-from kubernetes_asyncio import config
-
 from migpart.demo.cluster import REPO, LocalCluster
-from migpart.demo.replay import Replay, Stats
-from migpart.demo.trace import TracePod, accelerate, load_trace
+from migpart.demo.compare import comparison_line, measured, simulated
+from migpart.demo.run import DemoRun, apply_policy, replay, start_nodes
+from migpart.demo.trace import accelerate, load_trace
 from migpart.mig import lookup_table
 from migpart.testbed import Testbed
-
-POLICY = """apiVersion: migpart.io/v1alpha1
-kind: GpuPartitionPolicy
-metadata: {name: demo}
-spec:
-  mode: Active
-  nodeSelector: {matchLabels: {migpart.io/demo: "true"}}
-  reconfiguration: {batchWindowSeconds: 1, maxConcurrentNodes: 2}
-"""
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -73,29 +62,29 @@ def main(argv: list[str]) -> int:
         min_life_s=5.0,
         max_life_s=args.duration / 3,
     )
+    run = DemoRun(
+        table,
+        tuple(pods),
+        args.duration,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        sim_latency_ms=args.sim_latency_ms,
+    )
     print(f"migpart demo: work dir {work}; starting the control plane ...", flush=True)
     testbed = Testbed(work / "testbed")
     cluster = LocalCluster(testbed, work)
     try:
         testbed.start()
         cluster.install()
-        for i in range(args.nodes):
-            cluster.add_gpu_node(
-                f"gpu-node-{i + 1}",
-                f"{args.model}:{args.gpus_per_node}",
-                {"migpart.io/demo": "true"},
-                args.sim_latency_ms,
-            )
-        cluster.wait_for("every agent to report its GPUs", lambda: _agents_ready(cluster))
-        testbed.kubectl("apply", "-f", "-", input=POLICY)
+        start_nodes(cluster, run)
+        apply_policy(cluster, run)
         cluster.start_operator()
         print(
             f"replaying {len(pods)} trace pods over {args.duration:.0f}s "
             f"(logs in {work / 'logs'}) ...",
             flush=True,
         )
-        memory = {p.name: p.memory_mib for p in table.profiles}
-        stats = asyncio.run(_replay(cluster, pods, args.duration, memory))
+        stats = replay(cluster, run)
         cluster.check_alive()
     except KeyboardInterrupt:
         print("\ninterrupted; stopping everything", file=sys.stderr)
@@ -104,28 +93,5 @@ def main(argv: list[str]) -> int:
         cluster.stop()
         testbed.stop()
     print(stats.summary(), flush=True)
+    print(comparison_line(simulated(run), measured(stats)), flush=True)
     return 0 if stats.destroyed_in_use == 0 else 1
-
-
-def _agents_ready(cluster: LocalCluster) -> bool:
-    out = cluster.testbed.kubectl("get", "mignodes", "-o", "json", check=False)
-    if not out:
-        return False
-    ready = {
-        n["metadata"]["name"]
-        for n in json.loads(out)["items"]
-        if (n.get("status") or {}).get("gpus")
-    }
-    return set(cluster.nodes) <= ready
-
-
-async def _replay(
-    cluster: LocalCluster, pods: list[TracePod], duration_s: float, memory: dict[str, int]
-) -> Stats:
-    api = await config.new_client_from_config(config_file=str(cluster.testbed.kubeconfig))
-    try:
-        replay = Replay(api, pods, duration_s)
-        await replay.setup(memory)
-        return await replay.run()
-    finally:
-        await api.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -22,6 +23,7 @@ from kubernetes_asyncio import client
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.demo.trace import TracePod
 from migpart.dra import DEVICE_CLASS, DRIVER, DeviceId
+from migpart.mig import ModelTable
 from migpart.testbed.kubelet import RUN_SECONDS_ENV
 
 NAMESPACE = "migpart-demo"
@@ -31,7 +33,9 @@ def template_name(profile: str, count: int) -> str:
     return f"mig-{profile.replace('.', '').replace('+', '')}-x{count}"
 
 
-def claim_template(profile: str, count: int, by_memory_mib: int | None = None) -> dict[str, Any]:
+def claim_template(
+    profile: str, count: int, by_memory_mib: int | None = None, namespace: str = NAMESPACE
+) -> dict[str, Any]:
     """A ResourceClaimTemplate for `count` devices of `profile` (or of at least that memory)."""
     if by_memory_mib is None:
         expression = f'device.attributes["{DRIVER}"].profile == "{profile}"'
@@ -42,7 +46,7 @@ def claim_template(profile: str, count: int, by_memory_mib: int | None = None) -
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {"name": template_name(profile, count), "namespace": NAMESPACE},
+        "metadata": {"name": template_name(profile, count), "namespace": namespace},
         "spec": {
             "spec": {
                 "devices": {
@@ -62,14 +66,23 @@ def claim_template(profile: str, count: int, by_memory_mib: int | None = None) -
     }
 
 
-def pod_body(name: str, template: str, run_s: float | None = None) -> dict[str, Any]:
-    """A pod of the claim template; on a real kubelet its container exits after `run_s`."""
+def pod_body(
+    name: str,
+    template: str,
+    run_s: float | None = None,
+    namespace: str = NAMESPACE,
+    node_selector: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod of the claim template; on a real kubelet its container exits after `run_s`.
+    `node_selector` keeps it on the replay's own nodes (the e2e suite shares its cluster)."""
     env = [] if run_s is None else [{"name": RUN_SECONDS_ENV, "value": f"{run_s:.1f}"}]
+    placement = {"nodeSelector": dict(node_selector)} if node_selector else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "migpart-demo"}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "migpart-demo"}},
         "spec": {
+            **placement,
             "containers": [
                 {
                     "name": "work",
@@ -85,6 +98,22 @@ def pod_body(name: str, template: str, run_s: float | None = None) -> dict[str, 
     }
 
 
+def claim_templates(
+    pods: Sequence[TracePod],
+    table: ModelTable,
+    by_memory: bool = True,
+    namespace: str = NAMESPACE,
+) -> dict[str, dict[str, Any]]:
+    """Template name -> ResourceClaimTemplate, one per (profile, count) the pods use. Every
+    other single-device template asks by memory (at least the profile's), not by name."""
+    out: dict[str, dict[str, Any]] = {}
+    for i, (profile, count) in enumerate(sorted({(p.profile, p.count) for p in pods})):
+        memory_mib = table.profile(profile).memory_mib
+        by = memory_mib if by_memory and count == 1 and i % 2 else None
+        out[template_name(profile, count)] = claim_template(profile, count, by, namespace)
+    return out
+
+
 @dataclass
 class PodTrack:
     pod: TracePod
@@ -96,19 +125,33 @@ class PodTrack:
 
 @dataclass
 class Stats:
+    """What a replay saw, counted from its own looks at the API server (every ~0.25 s).
+
+    `served`: pods given a node (`spec.nodeName`) before the replay ended; `waits_s` their
+    waits from creation to that look. `repartitions`: plans written to a node (each new
+    `MigNode.spec.planId`). `creates`, `destroys`: MIG instances that appeared in, or left, a
+    MigNode's status between two looks (what the simulator's `Outcome` counts too).
+    """
+
     created: int = 0
     served: int = 0
     finished: int = 0
     waits_s: list[float] = field(default_factory=list)
     repartitions: int = 0
+    creates: int = 0
+    destroys: int = 0
     destroyed_in_use: int = 0
     plan_ids: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def mean_wait_s(self) -> float:
+        return sum(self.waits_s) / len(self.waits_s) if self.waits_s else 0.0
+
     def summary(self) -> str:
-        mean = sum(self.waits_s) / len(self.waits_s) if self.waits_s else 0.0
         return (
-            f"served {self.served}/{self.created} pods, mean wait {mean:.1f} s, "
-            f"repartitions {self.repartitions}, destroyed-in-use {self.destroyed_in_use}"
+            f"served {self.served}/{self.created} pods, mean wait {self.mean_wait_s:.1f} s, "
+            f"repartitions {self.repartitions} ({self.creates + self.destroys} MIG creates"
+            f"+destroys), destroyed-in-use {self.destroyed_in_use}"
         )
 
 
@@ -120,7 +163,11 @@ class Replay:
         duration_s: float,
         out: TextIO = sys.stdout,
         by_memory: bool = True,
+        namespace: str = NAMESPACE,
+        node_selector: Mapping[str, str] | None = None,
+        nodes: Collection[str] | None = None,
     ) -> None:
+        """`nodes`: the MigNodes to watch and count (None: all of them)."""
         self.api = api
         self.core = client.CoreV1Api(api)
         self.resource = client.ResourceV1Api(api)
@@ -129,31 +176,35 @@ class Replay:
         self.duration_s = duration_s
         self.out = out
         self.by_memory = by_memory
+        self.namespace = namespace
+        self.node_selector = node_selector
+        self.nodes = None if nodes is None else frozenset(nodes)
         self.stats = Stats()
         self.tracks: dict[str, PodTrack] = {}
         self.mignodes: list[dict[str, Any]] = []
         self.seen_devices: dict[str, set[DeviceId]] = {}
         self.events: list[str] = []
 
-    async def setup(self, tables: dict[str, int]) -> None:
+    async def setup(self, table: ModelTable) -> None:
         """Namespace and one claim template per (profile, count) the replay uses."""
         try:
-            namespace: Any = {"metadata": {"name": NAMESPACE}}
+            namespace: Any = {"metadata": {"name": self.namespace}}
             await self.core.create_namespace(namespace)
         except client.ApiException as exc:
             if exc.status != 409:
                 raise
-        for i, (profile, count) in enumerate(sorted({(p.profile, p.count) for p in self.pods})):
-            # Every other single-device template asks by memory, not by name.
-            by_memory = tables.get(profile) if self.by_memory and count == 1 and i % 2 else None
-            body: Any = claim_template(profile, count, by_memory)
+        templates = claim_templates(self.pods, table, self.by_memory, self.namespace)
+        for template in templates.values():
+            body: Any = template
             try:
-                await self.resource.create_namespaced_resource_claim_template(NAMESPACE, body)
+                await self.resource.create_namespaced_resource_claim_template(self.namespace, body)
             except client.ApiException as exc:
                 if exc.status != 409:
                     raise
 
     async def run(self) -> Stats:
+        # The first look at the nodes is the baseline that creates and destroys count from.
+        await self._observe_nodes()
         start = time.monotonic()
         queue = sorted(self.pods, key=lambda p: p.created_s)
         next_draw = 0.0
@@ -170,13 +221,14 @@ class Replay:
 
     async def _create(self, pod: TracePod, at: float) -> None:
         name = pod.name.lower()
-        body: Any = pod_body(name, template_name(pod.profile, pod.count), pod.duration_s)
-        await self.core.create_namespaced_pod(NAMESPACE, body)
+        template = template_name(pod.profile, pod.count)
+        body: Any = pod_body(name, template, pod.duration_s, self.namespace, self.node_selector)
+        await self.core.create_namespaced_pod(self.namespace, body)
         self.tracks[name] = PodTrack(pod, at)
         self.stats.created += 1
 
     async def _observe(self, at: float) -> None:
-        pods = await self.core.list_namespaced_pod(NAMESPACE)
+        pods = await self.core.list_namespaced_pod(self.namespace)
         for pod in pods.items:
             track = self.tracks.get(pod.metadata.name)
             if track is None or track.finished:
@@ -186,15 +238,17 @@ class Replay:
                 self.stats.served += 1
                 self.stats.waits_s.append(at - track.created_at)
             if pod.status.phase in ("Succeeded", "Failed"):
-                await self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
+                await self.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
                 track.finished = True
                 self.stats.finished += 1
         await self._observe_nodes()
 
     async def _observe_nodes(self) -> None:
         result = await self.custom.list_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL)
-        self.mignodes = result["items"]
-        claims = await self.resource.list_namespaced_resource_claim(NAMESPACE)
+        self.mignodes = [
+            n for n in result["items"] if self.nodes is None or n["metadata"]["name"] in self.nodes
+        ]
+        claims = await self.resource.list_namespaced_resource_claim(self.namespace)
         in_use: set[DeviceId] = set()
         for claim in claims.items:
             allocation = claim.status.allocation if claim.status else None
@@ -206,21 +260,28 @@ class Replay:
         for node in self.mignodes:
             name = node["metadata"]["name"]
             plan_id = (node.get("spec") or {}).get("planId")
-            if plan_id and self.stats.plan_ids.get(name) != plan_id:
-                self.stats.plan_ids[name] = plan_id
-                self.stats.repartitions += 1
-                self.events.append(f"{name}: repartition {plan_id}")
             present = {
                 DeviceId.of(name, gpu["index"], inst["profile"], inst["start"])
                 for gpu in (node.get("status") or {}).get("gpus", [])
                 for inst in gpu.get("instances", [])
             }
-            seen = self.seen_devices.setdefault(name, set())
+            if name not in self.seen_devices:
+                # A node's first look is its baseline: what it has was not done by the replay.
+                self.seen_devices[name] = present
+                if plan_id:
+                    self.stats.plan_ids[name] = plan_id
+                continue
+            if plan_id and self.stats.plan_ids.get(name) != plan_id:
+                self.stats.plan_ids[name] = plan_id
+                self.stats.repartitions += 1
+                self.events.append(f"{name}: repartition {plan_id}")
+            seen = self.seen_devices[name]
+            self.stats.creates += len(present - seen)
+            self.stats.destroys += len(seen - present)
             for device in (seen - present) & in_use:
                 self.stats.destroyed_in_use += 1
                 self.events.append(f"{name}: DESTROYED IN USE {device.device}")
-            seen.clear()
-            seen.update(present)
+            self.seen_devices[name] = present
 
     def _draw(self, now: float) -> None:
         tty = self.out.isatty()
