@@ -194,7 +194,7 @@ class PolicyRound:
         if not changed:
             return result, None
         chosen = choose_nodes(
-            changes, scope.nodes, plan, policy.spec.reconfiguration.max_concurrent_nodes
+            changed, scope.nodes, plan, policy.spec.reconfiguration.max_concurrent_nodes
         )
         plan_id = uuid.uuid4().hex[:16]
         targets = [g for g in plan.gpus if g.node in chosen]

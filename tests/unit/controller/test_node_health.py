@@ -133,11 +133,7 @@ def test_the_stale_condition_is_written_only_when_it_changes() -> None:
 def _world(unavailable: dict[str, str]) -> Cluster:
     busy = {
         **mignode("a", 1, gpus=[gpu(0)]),
-        # moving to a whole-GPU instance: nothing can be added to a
-        "spec": {
-            "planId": "p-old",
-            "gpus": [{"index": 0, "instances": [{"profile": "7g.80gb", "start": 0}]}],
-        },
+        "spec": {"planId": "p-old", "gpus": [{"index": 0, "instances": []}]},
     }
     nodes = {"a": busy, "b": mignode("b", 2, gpus=[gpu(0)])}
     labels = {name: {"pool": "a"} for name in nodes}
