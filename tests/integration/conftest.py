@@ -66,10 +66,11 @@ PROFILE_IS = 'device.attributes["mig.migpart.io"].profile == "{}"'
 
 
 def events(bed: Testbed, name: str, namespace: str = "") -> list[dict[str, Any]]:
-    """The Events about objects named `name` (in `namespace`, or in all namespaces)."""
+    """The Events about objects named `name` (in `namespace`, or in all namespaces). Some
+    control-plane Events name no object (an empty `involvedObject`): they are about none."""
     scope = ["-n", namespace] if namespace else ["-A"]
     items = json.loads(bed.kubectl("get", "events", *scope, "-o", "json"))["items"]
-    return [e for e in items if e["involvedObject"]["name"] == name]
+    return [e for e in items if (e.get("involvedObject") or {}).get("name") == name]
 
 
 def get(bed: Testbed, *args: str) -> dict[str, Any]:
