@@ -36,9 +36,8 @@ from migpart.demo.trace import TracePod
 from migpart.kube.demand import AGE_S, ClaimDemand, claim_demand
 from migpart.mig import ModelTable
 from migpart.planning.model import PolicyView
-from migpart.sim.cluster import SimCluster
 from migpart.sim.engine import Engine
-from migpart.sim.run import SimConfig, make_policy
+from migpart.sim.run import SimConfig, empty_cluster, make_policy
 from migpart.sim.workload import SimPod, make_pod
 
 COMPARED = ("all-balanced", "first-fit", "migpart")
@@ -129,8 +128,7 @@ def simulated(run: DemoRun) -> dict[str, Measured]:
 def measure(config: SimConfig, name: str, pods: Sequence[SimPod], end_s: float) -> Measured:
     """Policy `name` of `config` on `pods` (arrivals as given), counted at `end_s`."""
     policy, workload = make_policy(config, name, pods)
-    cluster = SimCluster(config.table, config.nodes, config.gpus_per_node)
-    engine = Engine(cluster, workload, policy)
+    engine = Engine(empty_cluster(config), workload, policy)
     at_end: dict[str, int] = {}
 
     def record() -> None:

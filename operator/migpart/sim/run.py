@@ -108,11 +108,12 @@ def simulate(
                 def step(fraction: float, label: str = f"{name} seed {seed}") -> None:
                     progress(label, fraction)
 
-            outcomes[name].append(Engine(_cluster(config), workload, policy, step).run())
+            outcomes[name].append(Engine(empty_cluster(config), workload, policy, step).run())
     return SimResult(config, outcomes, best_mix)
 
 
-def _cluster(config: SimConfig) -> SimCluster:
+def empty_cluster(config: SimConfig) -> SimCluster:
+    """The configured cluster with no instance on any GPU."""
     return SimCluster(config.table, config.nodes, config.gpus_per_node)
 
 
@@ -186,7 +187,7 @@ def search_static(
 
     def score(m: StaticMix) -> float:
         if m not in cache:
-            run = Engine(_cluster(config), pods, _mixed(config, "best-static", m)).run()
+            run = Engine(empty_cluster(config), pods, _mixed(config, "best-static", m)).run()
             cache[m] = _mean_wait(run)
             if progress is not None:
                 progress("best-static search", len(cache) / _SEARCH_EVALUATIONS)
