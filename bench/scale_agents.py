@@ -29,6 +29,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart import logs
 from migpart.agent.app import AgentConfig, serve
+from migpart.kube.client import api_client
 
 H100 = "NVIDIA H100 80GB HBM3"
 GPUS_PER_NODE = 8
@@ -85,7 +86,7 @@ async def host(nodes: list[str], kubeconfig: Path, state_dir: Path, latency_ms: 
     for sig in (signal.SIGTERM, signal.SIGINT):
         if main is not None:
             loop.add_signal_handler(sig, main.cancel)
-    async with ApiClient(cfg) as api, asyncio.TaskGroup() as group:
+    async with api_client(cfg) as api, asyncio.TaskGroup() as group:
         for i, node in enumerate(nodes):
             group.create_task(supervise(agent_config(node, state_dir, latency_ms), api), name=node)
             if i % START_STEP == START_STEP - 1:

@@ -7,15 +7,13 @@ import os
 import sys
 from pathlib import Path
 
-from kubernetes_asyncio.client import ApiClient
-
 from migpart import logs
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.simulator import SimFaults, parse_simulate
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
 from migpart.commands.stopping import run_until_signalled
 from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
-from migpart.kube.client import load_configuration
+from migpart.kube.client import api_client, load_configuration
 
 # How long SIGTERM may take to stop the agent (Kubernetes' default grace period is 30 s).
 STOP_GRACE_S = 25.0
@@ -164,7 +162,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
 
 async def _main(config: AgentConfig, kubeconfig: Path | None) -> None:
     cfg = await load_configuration(kubeconfig)
-    async with ApiClient(cfg) as api:
+    async with api_client(cfg) as api:
         await serve(config, api)
 
 

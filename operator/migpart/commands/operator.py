@@ -14,14 +14,13 @@ from pathlib import Path
 
 import kopf
 import structlog
-from kubernetes_asyncio.client import ApiClient
 
 from migpart import logs
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
 from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.health import REGISTRATION_GRACE_S, await_crds, serve
 from migpart.controller.metrics import Metrics
-from migpart.kube.client import load_configuration
+from migpart.kube.client import api_client, load_configuration
 
 log = structlog.get_logger(__name__)
 
@@ -123,7 +122,7 @@ async def run(args: argparse.Namespace) -> None:
         # kopf resolves the resources of its handlers when it starts; a CRD that is
         # Established only later is not always picked up (its watch then never starts), so
         # kopf starts once the CRDs are served. Until then /readyz says what it waits for.
-        async with ApiClient(await load_configuration(args.kubeconfig)) as api:
+        async with api_client(await load_configuration(args.kubeconfig)) as api:
             await await_crds(api, served)
         await kopf.operator(
             registry=build_registry(config),

@@ -125,12 +125,14 @@ def slice_body(
     generation: int,
     owner: dict[str, Any] | None = None,
     resource_version: str | None = None,
+    digest: str | None = None,
 ) -> dict[str, Any]:
-    """A complete resource.k8s.io/v1 ResourceSlice for `node` at pool `generation`."""
+    """A complete resource.k8s.io/v1 ResourceSlice for `node` at pool `generation` (`digest`:
+    `devices_digest(devices)`, when the caller has it already)."""
     metadata: dict[str, Any] = {
         "name": slice_name(node),
         "labels": dict(SLICE_LABELS),
-        "annotations": {DIGEST_ANNOTATION: devices_digest(devices)},
+        "annotations": {DIGEST_ANNOTATION: digest or devices_digest(devices)},
     }
     if owner is not None:
         metadata["ownerReferences"] = [owner]
@@ -204,6 +206,36 @@ def slice_node(body: Any) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceContent:
+    """The devices one node's slice must list, with their digest and names, and what they were
+    computed from: the MigNode body (compared by identity: a new event is a new body), the
+    withdrawn devices and the gate's verdict."""
+
+    node: MigNode
+    withdrawn: frozenset[str]
+    held: bool
+    devices: list[Device]
+    digest: str
+    names: frozenset[str]
+
+    @staticmethod
+    def of(node: MigNode, withdrawn: frozenset[str], held: bool) -> SliceContent:
+        devices = [] if held else slice_devices(node, withdrawn)
+        return SliceContent(
+            node,
+            withdrawn,
+            held,
+            devices,
+            devices_digest(devices),
+            frozenset(device_names(devices)),
+        )
+
+    def still(self, node: MigNode, withdrawn: frozenset[str], held: bool) -> bool:
+        """Whether this content holds for these inputs (then nothing needs computing)."""
+        return self.node is node and self.held == held and self.withdrawn == withdrawn
+
+
+@dataclass(frozen=True, slots=True)
 class Published:
     """The outcome of one publish: the pool generation and whether it was written now."""
 
@@ -236,6 +268,10 @@ class SlicePublisher:
     _slices: dict[str, SliceState] = field(default_factory=dict)
     # node -> the highest pool generation seen, kept when its slice is deleted
     _floors: dict[str, int] = field(default_factory=dict)
+    # node -> its slice content as last computed: the resync publishes every node every 30 s,
+    # and at 1,000 nodes computing and hashing each one's devices again cost more than the
+    # whole idle operator otherwise does
+    _contents: dict[str, SliceContent] = field(default_factory=dict)
     # GETs done because the view above was stale or missing (a metric and a test hook)
     reads: int = 0
 
@@ -297,6 +333,7 @@ class SlicePublisher:
 
     def forget(self, name: str) -> None:
         self._nodes.pop(name, None)
+        self._contents.pop(name, None)
         self._withdrawn.pop(name, None)
         self._floors.pop(name, None)
 
@@ -338,9 +375,9 @@ class SlicePublisher:
             node = self._nodes.get(name)
             if node is None:
                 raise StaleSnapshot(f"no MigNode {name!r} seen yet")
-            held = self.gate(name) if self.gate is not None else None
-            devices = [] if held else slice_devices(node, self._withdrawn.get(name, ()))
-            result = await self._write(name, devices, mignode_owner(node), create=not held)
+            held = bool(self.gate(name)) if self.gate is not None else False
+            content = self._content(name, node, held)
+            result = await self._write(name, content, mignode_owner(node), create=not held)
         if result.written:
             log.info(
                 "resource_slice_published",
@@ -352,22 +389,35 @@ class SlicePublisher:
                 hook(result)
         return result
 
+    def _content(self, name: str, node: MigNode, held: bool) -> SliceContent:
+        """The slice content for `node` now, computed again only when an input changed."""
+        withdrawn = frozenset(self._withdrawn.get(name, ()))
+        known = self._contents.get(name)
+        if known is not None and known.still(node, withdrawn, held):
+            return known
+        content = SliceContent.of(node, withdrawn, held)
+        self._contents[name] = content
+        return content
+
     async def _write(
-        self, name: str, devices: list[Device], owner: dict[str, Any] | None, *, create: bool
+        self, name: str, content: SliceContent, owner: dict[str, Any] | None, *, create: bool
     ) -> Published:
-        """Write `devices` if they differ from the slice's; `create`: also when there is no
-        slice (else leave it absent)."""
+        """Write the content's devices if they differ from the slice's; `create`: also when
+        there is no slice (else leave it absent)."""
         if not create and name not in self._slices:
             return Published(name, self._floors.get(name, 0), False, frozenset(), None)
+        devices, digest, names = content.devices, content.digest, content.names
+        current = self._slices.get(name)
+        if current is not None and current.digest == digest:  # the resync's usual case
+            return Published(name, current.generation, False, names, current.resource_version)
         api = CustomObjectsApi(self.api)
-        digest = devices_digest(devices)
-        names = frozenset(device_names(devices))
         for _ in range(5):
             current = self._slices.get(name)
             if current is None:
                 if not create:
                     return Published(name, self._floors.get(name, 0), False, frozenset(), None)
-                body = slice_body(name, devices, self._floors.get(name, 0) + 1, owner)
+                generation = self._floors.get(name, 0) + 1
+                body = slice_body(name, devices, generation, owner, digest=digest)
                 try:
                     created = await api.create_cluster_custom_object(
                         RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, body
@@ -382,7 +432,7 @@ class SlicePublisher:
             if current.digest == digest:
                 return Published(name, current.generation, False, names, current.resource_version)
             generation = current.generation + 1
-            body = slice_body(name, devices, generation, owner, current.resource_version)
+            body = slice_body(name, devices, generation, owner, current.resource_version, digest)
             try:
                 replaced = await api.replace_cluster_custom_object(
                     RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, slice_name(name), body

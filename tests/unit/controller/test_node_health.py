@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -272,3 +273,45 @@ def test_no_registration_grace_when_it_is_zero() -> None:
     h.mignode("a", KubeletPluginStatus(registered=True))
     assert h.mignode("a", KubeletPluginStatus(registered=False, message="waiting"))
     assert h.reason("a") == "PluginNotRegistered"
+
+
+def test_a_check_looks_only_at_what_can_have_changed_and_agrees_with_a_full_pass() -> None:
+    """`check` visits the nodes whose verdict can have changed (the oldest renewals, the
+    unavailable, those in a grace), not every node every tick. Random renewals, deletions,
+    registrations and lists, with time passing: after each check, every node's verdict is
+    what a pass over all of them gives."""
+    rng = random.Random(10)
+    clock = Clock()
+    nodes = [f"n{i}" for i in range(40)]
+    h = health(clock, *nodes)
+    h.leases_listed({n: "t0" for n in nodes[:30]})  # n30..n39 have no Lease
+    stamp = 0
+    reasons: set[str] = set()
+    for _ in range(3000):
+        node = rng.choice(nodes)
+        action = rng.random()
+        if action < 0.5:
+            stamp += 1
+            h.lease_renewed(node, f"t{stamp}")
+        elif action < 0.55:
+            h.lease_deleted(node)
+        elif action < 0.6:
+            registered = rng.random() < 0.6
+            h.mignode(node, KubeletPluginStatus(registered=registered, message="waiting"))
+        elif action < 0.61:
+            h.leases_listed({n: f"t{stamp}" for n in nodes if rng.random() < 0.8})
+        clock.now += rng.choice([0.0, 0.5, 1.0, 3.0, 15.0])
+        if rng.random() < 0.3:
+            h.check()
+            assert {n: h._reason(n) for n in nodes if h._reason(n)} == dict(h.unavailable())
+            reasons.update(h.unavailable().values())
+    assert reasons == {"LeaseExpired", "PluginNotRegistered"}
+    # a quiet cluster: nothing is visited but the few that can change
+    h.leases_listed({n: f"t{stamp}" for n in nodes})
+    for n in nodes:
+        h.mignode(n, KubeletPluginStatus(registered=True, message=""))
+    h.check()
+    assert h._candidates() == set()
+    clock.now += 41  # every Lease silent for longer than the timeout: every node, once
+    assert h._candidates() == set(nodes)
+    assert h.check() == sorted(nodes)

@@ -16,6 +16,7 @@ from migpart.api.models import (
     MigNodeStatus,
 )
 from migpart.dra import DRIVER
+from migpart.kube import slices
 from migpart.kube.cel import device_from_slice, virtual_device
 from migpart.kube.slices import (
     SlicePublisher,
@@ -169,3 +170,47 @@ async def test_an_unavailable_node_without_a_slice_gets_none_written() -> None:
     result = await publisher.publish("n1")
     assert not result.written
     assert result.devices == frozenset()
+
+
+async def test_an_unchanged_node_is_neither_recomputed_nor_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The resync publishes every node every period: for a node whose MigNode, withdrawals
+    and availability did not change, that is a dict lookup (no API call: the publisher has no
+    client here)."""
+    publisher = SlicePublisher(cast(Any, None))
+    n1 = node([gpu(0, ("1g.10gb", 0, "Free"), ("1g.10gb", 1, "Free"))]).model_copy(
+        update={"metadata": {"name": "n1"}}
+    )
+    publisher.observe(n1)
+    devices = slice_devices(n1)
+    publisher.observe_slice(watched_with("n1", devices))
+    computed: list[MigNode] = []
+
+    def counting(n: MigNode, withdrawn: Any = ()) -> list[dict[str, Any]]:
+        computed.append(n)
+        return slice_devices(n, withdrawn)
+
+    monkeypatch.setattr(slices, "slice_devices", counting)
+    for _ in range(3):
+        result = await publisher.publish("n1")
+        assert not result.written
+        assert result.devices == {str(d["name"]) for d in devices}
+    assert len(computed) == 1  # once, then from the cache
+    # a new body of the same MigNode (a watch event) is computed again ...
+    publisher.observe(n1.model_copy())
+    await publisher.publish("n1")
+    assert len(computed) == 2
+    # ... and so is a withdrawal, and a change of availability (both change the content)
+    current = publisher.node("n1")
+    assert current is not None
+    publisher._withdrawn["n1"] = {str(devices[0]["name"])}
+    assert len(publisher._content("n1", current, False).devices) == 1
+    assert publisher._content("n1", current, True).devices == []
+    assert len(computed) == 3  # held: no devices, nothing to compute
+
+
+def watched_with(node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    body = slice_body(node, devices, 1)
+    body["metadata"]["resourceVersion"] = "10"
+    return body
