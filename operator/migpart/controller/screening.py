@@ -17,7 +17,7 @@ reports it as Unsatisfiable instead, with the largest node's bound.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -176,17 +176,18 @@ def oversized(scope: Scope, claims: Mapping[str, Any]) -> Scope:
         if request.count <= one_gpu or request.same_gpu or body is None:
             kept.append(request)
             continue
-        nodes = [
-            n
-            for n in scope.nodes
-            if request.nodes is None or str(n.metadata.get("name", "")) in request.nodes
-        ]
+        def nodes(request: Request = request) -> Iterator[MigNode]:
+            allowed = request.nodes
+            for n in scope.nodes:
+                if allowed is None or str(n.metadata.get("name", "")) in allowed:
+                    yield n
+
         # stop at the first node that can hold it (the usual case): the full sum over every
         # node is only paid for the message of a request that is refused
-        if any(request.count <= node_bound(n, request.profiles) for n in nodes):
+        if any(request.count <= node_bound(n, request.profiles) for n in nodes()):
             kept.append(request)
             continue
-        largest = max((node_bound(n, request.profiles) for n in nodes), default=0)
+        largest = max((node_bound(n, request.profiles) for n in nodes()), default=0)
         refused.append(
             (
                 body,
