@@ -195,9 +195,10 @@ class ScopeCache:
     def _view(self, body: Body) -> NodeView | None:
         name = str((body.get("metadata") or {}).get("name"))
         self.excluded.pop(name, None)
+        reported: dict[str, ModelTable] = {}
         try:
             node = MigNode.model_validate(strip(body))
-            problem = screening.node_problem(node)
+            problem = screening.node_problem(node, reported)
         except ValidationError as error:
             first = error.errors()[0]
             problem = f"invalid at {'.'.join(map(str, first['loc']))}: {first['msg']}"
@@ -217,7 +218,7 @@ class ScopeCache:
             gpus += 1
             models.add(gpu.model)
             if gpu.profiles and gpu.model not in tables:
-                tables[gpu.model] = self._intern(gpu.table())
+                tables[gpu.model] = self._intern(reported.get(gpu.model) or gpu.table())
         return NodeView(
             node=node,
             models=tuple(sorted(models)),

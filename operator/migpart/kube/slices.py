@@ -99,20 +99,67 @@ def slice_devices(node: MigNode, withdrawn: Iterable[str] = ()) -> list[Device]:
     withdrawn. An instance that is prepared or busy stays published even when the spec dropped
     it: the agent will not destroy it, and its claim's allocation refers to it.
     """
+    return [device for device, _ in _slice_entries(node, withdrawn, DeviceCache())]
+
+
+def _slice_entries(
+    node: MigNode, withdrawn: Iterable[str], cache: DeviceCache
+) -> list[tuple[Device, str]]:
+    """`slice_devices`, each with its canonical JSON (from `cache`)."""
     gone = set(withdrawn)
-    devices: list[Device] = []
+    entries: list[tuple[Device, str]] = []
     for gpu, inst, device, wanted in _instances(node):
         if not gpu.mig_enabled or device.device in gone:
             continue
         if wanted or inst.state != "Free":
-            devices.append(instance_device(gpu, inst))
-    return sorted(devices, key=lambda d: str(d["name"]))
+            entries.append(cache.get(gpu, inst))
+    return sorted(entries, key=lambda e: str(e[0]["name"]))
 
 
 def devices_digest(devices: list[Device]) -> str:
     """A digest of the published content: equal digests mean no new pool generation."""
-    text = json.dumps(devices, sort_keys=True, separators=(",", ":"))
+    return _digest([_canonical(d) for d in devices])
+
+
+def _canonical(device: Device) -> str:
+    return json.dumps(device, sort_keys=True, separators=(",", ":"))
+
+
+def _digest(canonical: Iterable[str]) -> str:
+    """`devices_digest` from each device's canonical JSON: the list's is theirs, joined."""
+    text = "[" + ",".join(canonical) + "]"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass
+class DeviceCache:
+    """Each instance's slice device and its canonical JSON, by everything it is made from.
+
+    A MigNode event brings a whole new status, but between two events of a node most of its
+    instances are the ones it had: building their devices and JSON again cost more than the
+    rest of the event (1.3 ms for 8 GPUs of 7 instances, against 0.2 ms to parse the status).
+    Cleared when it reaches `limit` entries (instances that went stay until then).
+    """
+
+    limit: int = 100_000
+    _entries: dict[tuple[Any, ...], tuple[Device, str]] = field(default_factory=dict)
+
+    def get(self, gpu: GpuStatus, inst: MigInstanceStatus) -> tuple[Device, str]:
+        info = next((p for p in gpu.profiles if p.name == inst.profile), None)
+        described = (
+            None
+            if info is None
+            else tuple(tuple(v) if isinstance(v, list) else v for v in info.__dict__.values())
+        )
+        key = (gpu.index, gpu.model, gpu.uuid, inst.profile, inst.start, inst.uuid, described)
+        entry = self._entries.get(key)
+        if entry is None:
+            device = instance_device(gpu, inst)
+            entry = (device, _canonical(device))
+            if len(self._entries) >= self.limit:
+                self._entries.clear()
+            self._entries[key] = entry
+        return entry
 
 
 def device_names(devices: Iterable[Device]) -> set[str]:
@@ -219,14 +266,17 @@ class SliceContent:
     names: frozenset[str]
 
     @staticmethod
-    def of(node: MigNode, withdrawn: frozenset[str], held: bool) -> SliceContent:
-        devices = [] if held else slice_devices(node, withdrawn)
+    def of(
+        node: MigNode, withdrawn: frozenset[str], held: bool, cache: DeviceCache | None = None
+    ) -> SliceContent:
+        entries = [] if held else _slice_entries(node, withdrawn, cache or DeviceCache())
+        devices = [device for device, _ in entries]
         return SliceContent(
             node,
             withdrawn,
             held,
             devices,
-            devices_digest(devices),
+            _digest(text for _, text in entries),
             frozenset(device_names(devices)),
         )
 
@@ -272,6 +322,7 @@ class SlicePublisher:
     # and at 1,000 nodes computing and hashing each one's devices again cost more than the
     # whole idle operator otherwise does
     _contents: dict[str, SliceContent] = field(default_factory=dict)
+    _devices: DeviceCache = field(default_factory=DeviceCache)
     # GETs done because the view above was stale or missing (a metric and a test hook)
     reads: int = 0
 
@@ -395,7 +446,7 @@ class SlicePublisher:
         known = self._contents.get(name)
         if known is not None and known.still(node, withdrawn, held):
             return known
-        content = SliceContent.of(node, withdrawn, held)
+        content = SliceContent.of(node, withdrawn, held, self._devices)
         self._contents[name] = content
         return content
 

@@ -12,7 +12,7 @@ from migpart.controller.effects import InMemoryEffects
 from migpart.controller.screening import node_problem
 from tests.unit.controller.factories import claim, mignode
 from tests.unit.controller.test_round import operator, run, world
-from tests.unit.kube.factories import gpu
+from tests.unit.kube.factories import H100, gpu
 
 
 def _node(*gpus: GpuStatus) -> MigNode:
@@ -110,6 +110,12 @@ HOSTILE = [
         "GPUs 0 and 1 are both NVIDIA H100 80GB HBM3 but report different profile tables",
         id="one-model-two-tables",
     ),
+    pytest.param(
+        # the same profiles, but not the same GPU: a table is reused only for the same report
+        _node(gpu(0), _with(gpu(1), compute_slices=8)),
+        "GPUs 0 and 1 are both NVIDIA H100 80GB HBM3 but report different profile tables",
+        id="one-model-two-slice-counts",
+    ),
 ]
 
 
@@ -133,6 +139,14 @@ def test_impossible_status_is_named(node: MigNode, words: str) -> None:
 )
 def test_sound_status_passes(node: MigNode) -> None:
     assert node_problem(node) is None
+
+
+def test_each_models_table_is_read_once_and_handed_back() -> None:
+    node = _node(*(gpu(i) for i in range(8)))
+    tables: dict[str, Any] = {}
+    assert node_problem(node, tables) is None
+    assert node.status is not None
+    assert tables == {H100: node.status.gpus[0].table()}
 
 
 @pytest.mark.parametrize(("hostile", "words"), HOSTILE)

@@ -186,12 +186,13 @@ async def test_an_unchanged_node_is_neither_recomputed_nor_written(
     devices = slice_devices(n1)
     publisher.observe_slice(watched_with("n1", devices))
     computed: list[MigNode] = []
+    compute = slices.SliceContent.of
 
-    def counting(n: MigNode, withdrawn: Any = ()) -> list[dict[str, Any]]:
+    def counting(n: MigNode, *args: Any) -> slices.SliceContent:
         computed.append(n)
-        return slice_devices(n, withdrawn)
+        return compute(n, *args)
 
-    monkeypatch.setattr(slices, "slice_devices", counting)
+    monkeypatch.setattr(slices.SliceContent, "of", counting)
     for _ in range(3):
         result = await publisher.publish("n1")
         assert not result.written
@@ -207,7 +208,30 @@ async def test_an_unchanged_node_is_neither_recomputed_nor_written(
     publisher._withdrawn["n1"] = {str(devices[0]["name"])}
     assert len(publisher._content("n1", current, False).devices) == 1
     assert publisher._content("n1", current, True).devices == []
-    assert len(computed) == 3  # held: no devices, nothing to compute
+    assert len(computed) == 4
+
+
+def test_the_device_cache_gives_what_building_each_device_gives() -> None:
+    """Devices and digest from the cache are those built afresh, instance for instance; an
+    instance of a new uuid, or of a profile whose reported capacity differs, is built again."""
+    cache = slices.DeviceCache()
+    layouts = [
+        [("1g.10gb", s, "Free") for s in range(7)],
+        [("3g.40gb", 0, "Busy"), ("2g.20gb", 4, "Free"), ("1g.10gb", 6, "Prepared")],
+        [("7g.80gb", 0, "Free")],
+    ]
+    for round_ in range(4):  # each GPU has each layout once, then the first one again
+        n = node([gpu(i, *layouts[(i + round_) % 3]) for i in range(4)])
+        content = slices.SliceContent.of(n, frozenset(), False, cache)
+        assert content.devices == slice_devices(n)
+        assert content.digest == devices_digest(slice_devices(n))
+    # 11 instances per GPU, of which 1g.10gb at 6 twice (Free, then Prepared: the same device)
+    assert len(cache._entries) == 4 * 10
+    other = gpu(0, ("1g.10gb", 0, "Free"))
+    bigger = other.profiles[0].model_copy(update={"memory_mib": 1})
+    changed = other.model_copy(update={"profiles": [bigger, *other.profiles[1:]]})
+    device, _ = cache.get(changed, changed.instances[0])
+    assert device["capacity"]["memory"] == {"value": str(1024 * 1024)}
 
 
 def watched_with(node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
