@@ -141,7 +141,7 @@ class NodeHealth:
     registration_grace_s: float = REGISTRATION_GRACE_S
     # node -> (renewTime last seen, monotonic time it was seen to change), oldest change first
     _renewals: dict[str, tuple[str, float]] = field(default_factory=dict)
-    # the next check looks at every known node (a list, or a broken watch, changed them all)
+    # the next check looks at every known node (set by each (re)list of the Leases)
     _full: bool = True
     _synced_at: float | None = None
     # the Lease watch broke and has not listed again: renewals are not seen, so nothing may be

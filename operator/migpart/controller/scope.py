@@ -207,7 +207,7 @@ class ScopeCache:
             self.excluded[name] = problem
             return None
         models: set[str] = set()
-        tables: dict[str, ModelTable] = {}
+        tables = {model: self._intern(table) for model, table in reported.items()}
         gpus = 0
         prepared: set[str] = set()
         for gpu in node.status.gpus if node.status else []:
@@ -217,8 +217,6 @@ class ScopeCache:
                 continue
             gpus += 1
             models.add(gpu.model)
-            if gpu.profiles and gpu.model not in tables:
-                tables[gpu.model] = self._intern(reported.get(gpu.model) or gpu.table())
         return NodeView(
             node=node,
             models=tuple(sorted(models)),

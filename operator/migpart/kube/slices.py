@@ -458,12 +458,11 @@ class SlicePublisher:
         if not create and name not in self._slices:
             return Published(name, self._floors.get(name, 0), False, frozenset(), None)
         devices, digest, names = content.devices, content.digest, content.names
-        current = self._slices.get(name)
-        if current is not None and current.digest == digest:  # the resync's usual case
-            return Published(name, current.generation, False, names, current.resource_version)
-        api = CustomObjectsApi(self.api)
         for _ in range(5):
             current = self._slices.get(name)
+            if current is not None and current.digest == digest:  # the resync's usual case
+                return Published(name, current.generation, False, names, current.resource_version)
+            api = CustomObjectsApi(self.api)
             if current is None:
                 if not create:
                     return Published(name, self._floors.get(name, 0), False, frozenset(), None)
@@ -480,8 +479,6 @@ class SlicePublisher:
                     raise
                 state = self._wrote(name, created)
                 return Published(name, state.generation, True, names, state.resource_version)
-            if current.digest == digest:
-                return Published(name, current.generation, False, names, current.resource_version)
             generation = current.generation + 1
             body = slice_body(name, devices, generation, owner, current.resource_version, digest)
             try:
