@@ -217,6 +217,20 @@ def _generation(node: MigNode) -> int:
     return int(node.metadata.get("generation") or 0)
 
 
+def _older(seen: MigNode, known: MigNode) -> bool:
+    """Whether body `seen` is older than `known`, a body of the same MigNode.
+
+    Resource versions are etcd revisions: compared as numbers where both are, they order
+    every write, status writes included. A spec patch's response and the watch event of the
+    agent's status write that followed it carry the same `generation`; only the revision
+    tells that the response is the older one. Where a revision is missing or not a number,
+    the generation decides (ties keep the body seen last)."""
+    try:
+        return int(seen.metadata["resourceVersion"]) < int(known.metadata["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return _generation(seen) < _generation(known)
+
+
 @dataclass(frozen=True, slots=True)
 class SliceState:
     """What one of our slices holds, as the watch or a write response last showed it."""
@@ -361,15 +375,17 @@ class SlicePublisher:
     def observe(self, node: MigNode) -> None:
         """Remember the newest MigNode body; `publish` reads it.
 
-        Bodies come from the watch and from the operator's own spec patches; a watch event
-        older than a patch already seen (lower `metadata.generation`) would bring back a spec
-        that no longer holds, and is ignored.
+        Bodies come from the watch and from the operator's own spec patches, and the two race:
+        a watch event older than a patch already seen would bring back a spec that no longer
+        holds, and a patch response older than a watch event already seen would hide the
+        instances the agent reported since (no later event would show them again). The older
+        body is ignored either way.
         """
         name = str(node.metadata.get("name", ""))
         if not name:
             return
         known = self._nodes.get(name)
-        if known is not None and _generation(node) < _generation(known):
+        if known is not None and _older(node, known):
             return
         self._nodes[name] = node
         self.settle(node)

@@ -238,3 +238,45 @@ def watched_with(node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
     body = slice_body(node, devices, 1)
     body["metadata"]["resourceVersion"] = "10"
     return body
+
+
+def test_a_patch_response_older_than_a_watched_status_does_not_hide_its_instances() -> None:
+    """The race CI hit once: the operator patches a spec; the agent creates the instance and
+    writes its status; the watch shows that status before the patch's response is taken in.
+    Both bodies carry the same generation (a status write does not bump it); the response is
+    the older revision and must not replace the newer body, or the slice never lists the
+    instance (no later event would show it again)."""
+    publisher = SlicePublisher(cast(Any, None))
+    created = node([gpu(0, ("3g.40gb", 4, "Free"))], spec={0: [("3g.40gb", 4)]})
+    response = node([], spec={0: [("3g.40gb", 4)]})
+    publisher.observe(created.model_copy(update={"metadata": _meta(generation=2, rv="11")}))
+    publisher.observe(response.model_copy(update={"metadata": _meta(generation=2, rv="10")}))
+    kept = publisher.node("n1")
+    assert kept is not None
+    assert kept.metadata["resourceVersion"] == "11"
+    assert names(kept) == ["gpu-0-3g40gb-4"]
+    # and the other way round: a watch event older than a patch already seen is ignored too
+    older_spec = node([], spec={0: [("7g.80gb", 0)]})
+    publisher.observe(older_spec.model_copy(update={"metadata": _meta(generation=1, rv="9")}))
+    assert publisher.node("n1") is kept
+    # a newer body replaces it, whatever its generation
+    publisher.observe(response.model_copy(update={"metadata": _meta(generation=2, rv="12")}))
+    newest = publisher.node("n1")
+    assert newest is not None
+    assert newest.metadata["resourceVersion"] == "12"
+
+
+def test_without_revisions_the_generation_orders_mignode_bodies() -> None:
+    publisher = SlicePublisher(cast(Any, None))
+    first = node([gpu(0, ("1g.10gb", 0, "Free"))])
+    publisher.observe(first.model_copy(update={"metadata": {"name": "n1", "generation": 3}}))
+    publisher.observe(first.model_copy(update={"metadata": {"name": "n1", "generation": 2}}))
+    assert publisher.node("n1") is not None
+    assert publisher.node("n1").metadata["generation"] == 3  # type: ignore[union-attr]
+    same = first.model_copy(update={"metadata": {"name": "n1", "generation": 3, "x": 1}})
+    publisher.observe(same)
+    assert publisher.node("n1") is same  # a tie keeps the body seen last
+
+
+def _meta(*, generation: int, rv: str) -> dict[str, Any]:
+    return {"name": "n1", "generation": generation, "resourceVersion": rv}
