@@ -17,14 +17,19 @@ as allocated and its devices as used, whatever the index says.
 
 `DestroyProtocol` owns all of it: the withdrawn devices (through the `Effects` port), the
 sightings, and the devices left withdrawn by a round that failed before its spec write
-(`restore_leftovers`).
+(`restore_leftovers`). Every policy has its own planning loop, and their rounds run at the
+same time: a withdrawal is a leftover only once the round that made it has ended. Until then
+its nodes are in `active` (shared by every round), and no other round publishes them again;
+otherwise the scheduler could allocate a device after the owning round's quorum read, and
+the spec would drop it while in use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,11 +80,27 @@ class DestroyProtocol:
     grace_s: float = 1.0
     # the claim index's devices, kept across rounds
     index: AllocatedDevices = field(default_factory=AllocatedDevices)
+    # nodes whose withdrawal belongs to a round still running (shared by every round)
+    active: set[str] = field(default_factory=set)
+
+    @contextmanager
+    def owning(self, nodes: Collection[str]) -> Iterator[None]:
+        """While the block runs, withdrawals on `nodes` are this round's, not leftovers: from
+        the first withdrawal until the specs that drop the devices are written."""
+        mine = set(nodes) - self.active
+        self.active.update(mine)
+        try:
+            yield
+        finally:
+            self.active.difference_update(mine)
 
     async def restore_leftovers(self) -> None:
-        """Devices still withdrawn at the start of a round belong to a round that failed
-        before writing its spec: publish them again; this round withdraws anew if needed."""
+        """Devices still withdrawn at the start of a round, on a node no running round owns,
+        belong to a round that failed before writing its spec: publish them again; this round
+        withdraws anew if needed."""
         for name in self.effects.withdrawing():
+            if name in self.active:
+                continue  # mid-protocol in another policy's round
             leftover = self.effects.withdrawn(name)
             if leftover:
                 await self.effects.restore(name, leftover)

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from migpart.api.models import (
     GpuPartitionPolicy,
     LastPlan,
+    MigNode,
 )
 from migpart.controller import screening
 from migpart.controller.bodies import uid_of
@@ -37,7 +38,7 @@ from migpart.dra import now_iso
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.demand import aged_requests
 from migpart.kube.snapshot import SnapshotCache, node_name
-from migpart.planning.model import Plan, Snapshot
+from migpart.planning.model import GpuPlan, Plan, Snapshot
 from migpart.planning.planner import plan as make_plan
 
 log = structlog.get_logger(__name__)
@@ -82,6 +83,7 @@ class PolicyRound:
             state.fresh_allocations,
             state.withdraw_grace_s,
             state.allocations,
+            state.withdrawing,
         )
         self.log = log.bind(policy=name)
         # set by run: a plan was held back (batch window open, or paced), until when (s)
@@ -238,9 +240,21 @@ class PolicyRound:
         )
         by_name = {node_name(n): n for n in scope.nodes}
         per_node = {name: [g for g in targets if g.node == name] for name in chosen}
-        cleared, kept = await self.destroy.clear(
-            [(by_name[name], per_node[name]) for name in chosen], self.body
-        )
+        with self.destroy.owning(chosen):
+            return await self.reconfigure(
+                [(by_name[name], per_node[name]) for name in chosen], plan_id, result, last_plan
+            )
+
+    async def reconfigure(
+        self,
+        work: list[tuple[MigNode, list[GpuPlan]]],
+        plan_id: str,
+        result: RoundResult,
+        last_plan: LastPlan,
+    ) -> tuple[RoundResult, LastPlan | None]:
+        """The destroy protocol for the chosen nodes, then their specs (see `apply`)."""
+        per_node = {node_name(node): targets for node, targets in work}
+        cleared, kept = await self.destroy.clear(work, self.body)
         # the nodes are independent: their specs are written concurrently (at 1,000 nodes a
         # plan may reconfigure dozens, and one write after the other took seconds)
         writing = asyncio.Semaphore(SPEC_WRITES)

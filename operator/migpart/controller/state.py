@@ -105,6 +105,9 @@ class OperatorState:
     # watch showed it: its devices are used and the claim is not pending, whatever the index
     # says (forgotten once the index shows the claim allocated, or after FRESH_S)
     fresh_allocations: dict[str, Sighting] = field(default_factory=dict)
+    # nodes whose devices a running round has withdrawn and not yet dropped from their spec:
+    # the other policies' rounds leave those withdrawals alone (controller/destroy.py)
+    withdrawing: set[str] = field(default_factory=set)
     # policy name -> what the last DryRun report said (to report each decision once)
     dry_reports: dict[str, str] = field(default_factory=dict)
     # policy name -> (uid, the status last written): to write only changes, and to build the

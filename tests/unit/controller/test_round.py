@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
+
 from migpart.api.models import MigNode
 from migpart.controller.decisions import changed_nodes, choose_nodes
 from migpart.controller.effects import InMemoryEffects
@@ -257,3 +259,68 @@ async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_i
             assert "7g.80gb" in [i.profile for i in spec.gpus[0].instances]
     assert reads >= 1
     assert effects.slept_s == state.withdraw_grace_s * reads
+
+
+def two_policies(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]]) -> Cluster:
+    """Node `a` follows policy pa (pool a), every other node policy pb (pool b)."""
+    labels = {name: {"pool": "a" if name == "a" else "b"} for name in nodes}
+    windowless = {"batchWindowSeconds": 0}
+    return Cluster(
+        mignodes=nodes,
+        node_labels=labels,
+        policies={
+            "pa": policy("pa", "a", reconfiguration=windowless),
+            "pb": policy("pb", "b", reconfiguration=windowless),
+        },
+        claims={f"ns/{c['metadata']['name']}": c for c in claims},
+        waiting={f"ns/{c['metadata']['name']}": (placement(),) for c in claims},
+        device_classes={"mig.migpart.io": DEVICE_CLASS},
+        node_facts={name: NodeFacts(v, ()) for name, v in labels.items()},
+    )
+
+
+async def test_another_policys_round_leaves_a_withdrawal_in_progress_alone() -> None:
+    """Policy pa withdraws node a's 7g.80gb; while its grace runs, policy pb's loop runs a
+    round. That round must not publish the device again as a leftover: the scheduler could
+    then allocate it after pa's quorum read, and pa's spec would drop it while in use."""
+    nodes = {"a": one_gpu("a", 1, ("7g.80gb", 0, "Free")), "b": one_gpu("b", 2)}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    cluster = two_policies(nodes, [claim("c1", "3g.40gb")])
+    during: list[frozenset[str]] = []
+
+    async def other_policy_runs(node: str, devices: frozenset[str]) -> None:
+        await PolicyRound(state, "pb", cluster.policies["pb"], cluster).run()
+        during.append(effects.withdrawn(node))
+
+    effects.on_withdraw = other_policy_runs
+    await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
+    assert during == [frozenset({"gpu-0-7g80gb-0"})]  # still withdrawn after pb's round
+    assert effects.restores == []
+    assert "restored" not in [e.step for e in state.hooks.journal]
+    [spec] = [s for n, s in effects.specs if n == "a"]
+    assert "7g.80gb" not in [i.profile for i in spec.gpus[0].instances]
+    assert state.withdrawing == set()  # pa's round ended: nothing of it is in flight
+
+
+async def test_a_withdrawal_left_by_a_failed_round_is_published_again_by_the_next() -> None:
+    """pa's round fails between its withdrawal and its spec write (the quorum read breaks):
+    the device stays withdrawn, and the next round, of any policy, publishes it again."""
+    nodes = {"a": one_gpu("a", 1, ("7g.80gb", 0, "Free")), "b": one_gpu("b", 2)}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    cluster = two_policies(nodes, [claim("c1", "3g.40gb")])
+
+    async def broken_read() -> list[dict[str, Any]]:
+        raise ConnectionError("API server went away")
+
+    effects.read_claims = broken_read  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
+    assert effects.withdrawn("a") == {"gpu-0-7g80gb-0"}
+    assert effects.specs == []
+    assert state.withdrawing == set()
+    await PolicyRound(state, "pb", cluster.policies["pb"], cluster).run()
+    assert effects.restores == [("a", frozenset({"gpu-0-7g80gb-0"}))]
+    assert effects.withdrawn("a") == frozenset()
+    assert "restored" in [e.step for e in state.hooks.journal]
