@@ -332,6 +332,10 @@ class SlicePublisher:
     _slices: dict[str, SliceState] = field(default_factory=dict)
     # node -> the highest pool generation seen, kept when its slice is deleted
     _floors: dict[str, int] = field(default_factory=dict)
+    # node -> the deletion its slice last had (the DELETED event's state): a write response or
+    # GET taken in after that event, but older than it, must not bring the slice back to
+    # life in our view (the resync would then never write it again)
+    _deleted: dict[str, SliceState] = field(default_factory=dict)
     # node -> its slice content as last computed: the resync publishes every node every 30 s,
     # and at 1,000 nodes computing and hashing each one's devices again cost more than the
     # whole idle operator otherwise does
@@ -363,8 +367,19 @@ class SlicePublisher:
         if known is not None and known.newer_than(gone):
             return None
         self._floors[node] = max(self._floors.get(node, 0), gone.generation)
+        self._deleted[node] = gone
         self._drop(node)
         return node
+
+    def relisted(self, bodies: Iterable[Mapping[str, Any]]) -> list[str]:
+        """A (re)list of our slices: take each in, and forget the slices we knew that it does
+        not hold (deleted while the watch was down: no DELETED event will tell). Returns the
+        nodes whose slice went."""
+        listed = {node for body in bodies if (node := self.observe_slice(body)) is not None}
+        gone = sorted(set(self._slices) - listed)
+        for node in gone:
+            self._drop(node)
+        return gone
 
     def _drop(self, node: str) -> None:
         """Forget the node's slice (deleted), keeping its generation as the floor."""
@@ -403,6 +418,7 @@ class SlicePublisher:
         self._contents.pop(name, None)
         self._withdrawn.pop(name, None)
         self._floors.pop(name, None)
+        self._deleted.pop(name, None)
 
     def withdrawing(self) -> list[str]:
         """The nodes that have devices withdrawn."""
@@ -512,8 +528,17 @@ class SlicePublisher:
 
     def _wrote(self, name: str, body: dict[str, Any]) -> SliceState:
         state = SliceState.of(body)
-        self._slices[name] = state
+        self._keep(name, state)
         return state
+
+    def _keep(self, name: str, state: SliceState) -> None:
+        """Take in a slice from a write response or a GET, unless the watch already showed
+        it deleted after that state (then it stays absent, and the next publish creates it)."""
+        deleted = self._deleted.get(name)
+        if deleted is not None and not state.newer_than(deleted):
+            return
+        self._deleted.pop(name, None)
+        self._slices[name] = state
 
     async def _read(self, api: CustomObjectsApi, name: str) -> None:
         """Replace our view of the slice by what the API server holds now."""
@@ -527,7 +552,7 @@ class SlicePublisher:
                 self._drop(name)
                 return
             raise
-        self._slices[name] = SliceState.of(got)
+        self._keep(name, SliceState.of(got))
 
 
 class SliceWatch:
@@ -547,8 +572,10 @@ class SliceWatch:
         self._rewrite = rewrite
 
     def listed(self, objects: Sequence[Mapping[str, Any]]) -> None:
-        for body in objects:
-            self.publisher.observe_slice(body)
+        for node in self.publisher.relisted(objects):
+            if self.publisher.node(node) is not None:
+                log.info("resource_slice_deleted", node=node, seen="relist")
+                self._rewrite(node)
         self.listed_once.set()
 
     def changed(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -561,7 +588,7 @@ class SliceWatch:
             self._rewrite(node)
 
     def broken(self) -> None:
-        """Deletions are not seen meanwhile: the resync finds the missing slices."""
+        """Deletions are not seen meanwhile: the relist that follows finds them."""
 
 
 async def watch_slices(api: ApiClient, sink: SliceWatch) -> None:

@@ -105,3 +105,34 @@ async def test_a_deleted_slice_is_written_again_through_the_nodes_one_write_task
     publisher.gate.set()
     await settle()
     assert publisher.published == ["a", "a"]
+
+
+async def test_a_slice_deleted_while_the_watch_was_down_is_written_again_at_the_relist() -> None:
+    """No DELETED event comes for a slice deleted during a watch outage: the relist that
+    follows does not hold it, the publisher forgets it and the node's write task writes it
+    again (before, the view kept it, and every resync found its digest unchanged)."""
+    from migpart.dra import DRIVER
+    from migpart.kube.slices import SlicePublisher, SliceWatch, slice_name
+
+    w, publisher, listed = watch()
+    real = SlicePublisher(api=cast(Any, None))
+    real.observe(MigNode.model_validate(mignode("a", 1, gpus=[])))
+
+    def body(node: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": slice_name(node), "resourceVersion": "5"},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 3}},
+        }
+
+    slices = SliceWatch(real, listed, w.publish)
+    slices.listed([body("a"), body("b")])  # b: a slice whose MigNode is not known (yet)
+    w.changed("ADDED", mignode("a", 1, gpus=[]))
+    await settle()
+    publisher.published.clear()
+    slices.broken()
+    slices.listed([])
+    await settle()
+    assert publisher.published == ["a"]  # b has no MigNode: nothing to write for it
+    assert "a" not in real._slices
+    assert "b" not in real._slices
+    assert real._floors == {"a": 3, "b": 3}  # a new slice continues the generations

@@ -280,3 +280,22 @@ def test_without_revisions_the_generation_orders_mignode_bodies() -> None:
 
 def _meta(*, generation: int, rv: str) -> dict[str, Any]:
     return {"name": "n1", "generation": generation, "resourceVersion": rv}
+
+
+def test_a_write_response_older_than_a_watched_deletion_does_not_revive_the_slice() -> None:
+    """The replace is answered at revision 300; the watch shows the slice deleted at 301
+    before the response is taken in. The response must not bring the slice back into the
+    view, or the rewrite that the deletion asked for (and every resync) would find the digest
+    unchanged and never create it again. A GET answered before the deletion is the same."""
+    publisher = SlicePublisher(cast(Any, None))
+    publisher.observe_slice(watched("n1", 4, 290))
+    assert publisher.slice_deleted(watched("n1", 5, 301)) == "n1"
+    publisher._wrote("n1", watched("n1", 5, 300))
+    assert "n1" not in publisher._slices
+    assert publisher._floors["n1"] == 5  # the create that follows writes generation 6
+    publisher._keep("n1", slices.SliceState.of(watched("n1", 5, 300)))
+    assert "n1" not in publisher._slices
+    # a slice written after the deletion is taken in, and the deletion is forgotten
+    publisher._wrote("n1", watched("n1", 6, 310))
+    assert publisher._slices["n1"].generation == 6
+    assert "n1" not in publisher._deleted
