@@ -172,6 +172,40 @@ async def test_agent_creates_mignode_reports_and_converges(
     assert sim.calls == []
 
 
+async def test_a_mignode_deleted_under_the_agent_comes_back_with_its_status(
+    crds: Testbed, api: ApiClient, short_dir: Path
+) -> None:
+    """Deleted by hand (or by a tool that cleans up), the MigNode is created again by the
+    agent; the new object must get the status at once, though nothing on the node changed
+    (before, the agent skipped the write as "unchanged", and the node had no slice devices
+    and no plans until the agent restarted)."""
+    node = "agent-it-node-deleted"
+    await asyncio.to_thread(crds.add_node, node)
+    sim = SimulatedNvml([(H100, 1)], node=node, latency_s=0.01)
+    config = AgentConfig(
+        node=node,
+        simulate=[(H100, 1)],
+        state_dir=short_dir / "state",
+        cdi_dir=short_dir / "cdi",
+        plugin_dir=short_dir / "plugin",
+        registration_dir=short_dir / "registry",
+        metrics_port=0,
+        resync_s=3600,  # no periodic pass: only the deletion may bring the write
+    )
+    async with running_agent(config, api, sim):
+        first = await until(crds, node, lambda o: bool(o.get("status", {}).get("gpus")))
+        await asyncio.to_thread(crds.kubectl, "delete", "mignode", node, "--wait=true")
+        again = await until(
+            crds,
+            node,
+            lambda o: (
+                o["metadata"]["uid"] != first["metadata"]["uid"]
+                and bool(o.get("status", {}).get("gpus"))
+            ),
+        )
+        assert again["status"]["gpus"] == first["status"]["gpus"]
+
+
 async def test_kube_claims_reads_allocation_from_the_api_server(
     crds: Testbed, api: ApiClient
 ) -> None:

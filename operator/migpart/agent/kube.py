@@ -41,6 +41,10 @@ WATCH_TIMEOUT_S = 300
 
 
 class MigNodeStore(Protocol):
+    # how many MigNodes this store has created: one created again (deleted under the agent)
+    # has no status, whatever the agent wrote to the one before
+    created: int
+
     async def ensure(self) -> MigNodeSpec | None:
         """Create the node's MigNode if missing; return its current spec. Raises
         `ResourceNotServed` while the MigNode CRD is not served."""
@@ -77,6 +81,7 @@ class KubeMigNodes:
         # Typed as Any: the generated client takes `_content_type` through **kwargs.
         self._objects: Any = CustomObjectsApi(api)
         self._core: Any = CoreV1Api(api)
+        self.created = 0
 
     async def _owner(self) -> list[dict[str, Any]]:
         """An ownerReference to our Node, so that deleting the Node deletes its MigNode."""
@@ -107,6 +112,7 @@ class KubeMigNodes:
             obj = await self._objects.create_cluster_custom_object(
                 GROUP, VERSION, MIGNODE_PLURAL, body
             )
+            self.created += 1
             log.info("mignode_created", node=self.node)
         except ApiException as err:
             # A create answered 404 means the collection itself is missing: the GET's 404
@@ -139,7 +145,8 @@ class KubeMigNodes:
                         elif event["type"] == "DELETED":
                             yield None
                             await self.ensure()  # the agent's MigNode must exist
-            except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+            # ResourceNotServed: the CRD went with the MigNode; this task must not end
+            except (TimeoutError, ApiException, aiohttp.ClientError, ResourceNotServed) as err:
                 log.warning("mignode_watch_broken", node=self.node, error=str(err))
                 await asyncio.sleep(self.retry_s)
 
@@ -156,7 +163,8 @@ class KubeMigNodes:
         except ApiException as err:
             if err.status != 404:
                 raise
-            await self.ensure()  # deleted under us: recreate, the next pass writes status
+            # deleted under us: recreate it; `created` tells the loop to write status again
+            await self.ensure()
 
 
 class InMemoryMigNodes:
@@ -164,6 +172,7 @@ class InMemoryMigNodes:
 
     def __init__(self, spec: MigNodeSpec | None = None) -> None:
         self.spec = spec
+        self.created = 0
         self.statuses: list[MigNodeStatus] = []
         self._changed = asyncio.Condition()  # the spec changed
         self._written = asyncio.Condition()  # a status was written
@@ -175,6 +184,13 @@ class InMemoryMigNodes:
 
     async def ensure(self) -> MigNodeSpec | None:
         return self.spec
+
+    async def recreate(self) -> None:
+        """The MigNode was deleted and created again: no spec, no status."""
+        async with self._changed:
+            self.spec = None
+            self.created += 1
+            self._changed.notify_all()
 
     async def specs(self) -> AsyncIterator[MigNodeSpec | None]:
         while True:

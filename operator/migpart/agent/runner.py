@@ -62,6 +62,8 @@ class Agent:
         self.trigger = asyncio.Event()
         self.spec: MigNodeSpec | None = None
         self.status: MigNodeStatus | None = None
+        # `store.created` when `status` was written: a MigNode created since has none
+        self.written_on = -1
         # what kubelet said about the plugin's registration, reported in the status (None:
         # not reported, the agent runs without a kubelet that registers it)
         self.registration = registration
@@ -92,7 +94,8 @@ class Agent:
             log.info("gpu_back", node=self.node, gpu=gpu)
         if self.registration is not None:
             status = status.model_copy(update={"kubelet_plugin": self.registration()})
-        if status != self.status:
+        created = self.store.created
+        if status != self.status or created != self.written_on:
             await self.store.write_status(status)
             log.info(
                 "mignode_status_written",
@@ -101,7 +104,7 @@ class Agent:
                 plan_id=status.observed_plan_id,
                 ops=len(result.ops),
             )
-        self.status = status
+        self.status, self.written_on = status, created
         self.metrics.reconcile_seconds.labels(self.node).observe(time.monotonic() - started)
         self.metrics.observe_status(status)
         self.metrics.ready = True

@@ -160,3 +160,26 @@ def test_cli_requires_a_node_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
     with pytest.raises(ValueError, match="--node-name"):
         config_from(parser().parse_args([]))
+
+
+async def test_a_mignode_created_again_gets_the_status_though_nothing_changed(
+    sim: SimulatedNvml, checkpoint: Checkpoint
+) -> None:
+    """The MigNode was deleted and the store created it again: the new object has no status,
+    so the same status is written again (an unchanged status is otherwise not written)."""
+    store = InMemoryMigNodes()
+    agent = Agent("node-a", sim, checkpoint, store, AgentMetrics("node-a"), resync_s=3600)
+    task = asyncio.create_task(agent.run())
+    try:
+        first = await store.wait_for(lambda s: bool(s.gpus))
+        await store.set_spec(None)  # an event that changes nothing: no write
+        await asyncio.sleep(0.05)
+        assert store.statuses == [first]
+        await store.recreate()
+        again = await store.wait_for(lambda s: s is not first)
+        assert again == first
+        assert len(store.statuses) == 2
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
