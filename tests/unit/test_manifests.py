@@ -77,7 +77,7 @@ OPERATOR_NEEDS = {
     # watched index claims_index (kube/watch.py); list_claims_quorum (destroy protocol)
     ("resource.k8s.io", "resourceclaims", "list"),
     ("resource.k8s.io", "resourceclaims", "watch"),
-    # watched index waiting_index (kube/watch.py); kopf indexes nodes_index, classes_index
+    # watched indexes waiting_index, nodes_index, classes_index (controller/indexes.py)
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "nodes", "list"),

@@ -33,13 +33,7 @@ from migpart.api.models import (
 )
 from migpart.controller.bodies import parse_policy
 from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
-from migpart.controller.indexes import (
-    INDEX_IDS,
-    INDEXES,
-    state_of,
-    watch_index,
-    watched_indexes,
-)
+from migpart.controller.indexes import state_of, watch_index, watched_indexes
 from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
 from migpart.controller.mignodes import MigNodeWatch, watch_mignodes
@@ -137,6 +131,7 @@ async def startup(
     slices = SliceWatch(publisher, slices_listed, mignodes.publish)
     watched = watched_indexes(state)
     state.watched = {**watched, "mignodes_index": mignodes}
+    state.indexes = state.watched
     state.tasks = [
         asyncio.create_task(await_crds(api, config.served), name="await-crds"),
         asyncio.create_task(watch_leases(api, config.lease_namespace, health), name="leases"),
@@ -266,13 +261,9 @@ async def mark_stale(state: OperatorState) -> None:
         state.stale_marks.pop(node, None)
 
 
-async def policy_changed(
-    type: str | None, name: str, body: kopf.Body, memo: Any, **kwargs: Any
-) -> None:
+async def policy_changed(type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
     """Start (or stop) the policy's planning loop; report an invalid spec in its status."""
     state = state_of(memo)
-    if state.indexes is None:  # the same live index views for every handler call
-        state.indexes = {**{key: kwargs[key] for key in INDEX_IDS}, **state.watched}
     if type == "DELETED":
         state.workers.stop(name)
         return
@@ -291,7 +282,5 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.startup(registry=registry, id="startup")(on_startup)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(cleanup)
-    for (group, version, plural), handler in INDEXES:
-        kopf.index(group, version, plural, registry=registry, id=handler.__name__)(handler)
     kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)(policy_changed)
     return registry

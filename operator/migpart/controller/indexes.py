@@ -1,29 +1,39 @@
 """The indexes: in-memory maps of the watched objects that every planning round reads.
 
 Each index keeps what a round needs of one object and wakes the planning loops (a change
-counts as one: see `OperatorState.changes`). MigNodes, Nodes, policies and DeviceClasses are
-kopf indexes (`INDEXES`); claims and waiting pods, the kinds with the most events, are kept
-by the operator's own plain-JSON watches (`WATCHED`, `kube.watch`), which cost a fraction of
-kopf's per-event handling. `cluster_from` turns the live indexes into the `Cluster` value a
-round works on, and `with_own_writes` lays over it the MigNodes the operator wrote that the
-watch has not shown yet.
+counts as one: see `OperatorState.changes`). All of them are kept by the operator's own
+plain-JSON watches (`WATCHED`, `kube.watch`; MigNodes: `controller/mignodes.py`), not by
+kopf's indexes: they cost a fraction of kopf's per-event handling, and a relist replaces
+what they hold, where a kopf index keeps the objects deleted while its watch was down (a
+policy deleted then would go on owning its nodes). kopf still runs the policies' event
+handler (`handlers.policy_changed`: a planning loop per policy). `cluster_from` turns the
+live indexes into the `Cluster` value a round works on, and `with_own_writes` lays over it
+the MigNodes the operator wrote that the watch has not shown yet.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import kopf
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
 from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.kube.claims import claim_key, pod_claim_keys, pod_waiting
 from migpart.kube.placement import NodeFacts, node_facts, pod_placement
-from migpart.kube.watch import Index, ListCall, all_claims, all_pods, follow
+from migpart.kube.watch import (
+    Index,
+    ListCall,
+    all_claims,
+    all_device_classes,
+    all_nodes,
+    all_pods,
+    follow,
+)
 
 RESOURCE = ("resource.k8s.io", "v1")
 Body = Mapping[str, Any]
@@ -106,51 +116,59 @@ class Watched:
     lister: Callable[[ApiClient], ListCall]  # the cluster-wide list call
     entry: Callable[[Body], Mapping[str, Any] | None]
     selectors: Mapping[str, str] = field(default_factory=dict)
+    quiet_when_same: bool = False  # see kube.watch.Index
 
 
-# The kinds with the most events. id -> how to keep it.
+def node_entry(body: Body) -> dict[str, Any]:
+    """Node name -> its labels and taints (the `nodes` watched index)."""
+    return {str((body.get("metadata") or {}).get("name")): node_facts(body)}
+
+
+def policy_entry(body: Body) -> dict[str, Any]:
+    """Policy name -> the policy (the `policies` watched index); status too: a restarted
+    operator builds the next status on the last one written."""
+    meta = body.get("metadata") or {}
+    return {
+        str(meta.get("name")): plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))
+    }
+
+
+def class_entry(body: Body) -> dict[str, Any]:
+    """DeviceClass name -> its metadata and spec (the `classes` watched index)."""
+    return {str((body.get("metadata") or {}).get("name")): plain(body, ("metadata", "spec"))}
+
+
+def all_policies(api: ApiClient) -> ListCall:
+    return functools.partial(
+        CustomObjectsApi(api).list_cluster_custom_object, GROUP, VERSION, POLICY_PLURAL
+    )
+
+
+# Every index a round reads but the MigNodes' (controller/mignodes.py). id -> how to keep it.
 WATCHED: dict[str, Watched] = {
     "claims_index": Watched(all_claims, claim_entry),
     # pods no node holds yet: a bound pod leaves the watch (a DELETED event), and the
     # cluster's running pods cost nothing
     "waiting_index": Watched(all_pods, waiting_entry, {"field_selector": "spec.nodeName="}),
+    # a Node's status changes often and its labels and taints seldom: only they wake rounds
+    "nodes_index": Watched(all_nodes, node_entry, quiet_when_same=True),
+    "policies_index": Watched(all_policies, policy_entry),
+    "classes_index": Watched(all_device_classes, class_entry),
 }
 
 
 def watched_indexes(state: OperatorState) -> dict[str, Index]:
     """A fresh `kube.watch.Index` per WATCHED id, waking the planning loops on each change."""
-    return {index_id: Index(w.entry, state.wake_all) for index_id, w in WATCHED.items()}
+    return {
+        index_id: Index(w.entry, state.wake_all, quiet_when_same=w.quiet_when_same)
+        for index_id, w in WATCHED.items()
+    }
 
 
 async def watch_index(api: ApiClient, index_id: str, index: Index) -> None:
     """Keep one of the WATCHED indexes until cancelled."""
     watched = WATCHED[index_id]
     await follow(watched.lister(api), index, index_id, **watched.selectors)
-
-
-async def nodes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
-    state_of(memo).wake_all()
-    return {name: node_facts(body)}
-
-
-async def policies_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
-    state_of(memo).wake_all()
-    # status too: a restarted operator builds the next status on the last one written
-    return {name: plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
-
-
-async def classes_index(name: str, body: kopf.Body, memo: Any, **_: Any) -> Any:
-    state_of(memo).wake_all()
-    return {name: plain(body, ("metadata", "spec"))}
-
-
-# (group, version, plural) and handler of every index; the handler's name is the index id.
-INDEXES: tuple[tuple[tuple[str, str, str], Any], ...] = (
-    (("", "v1", "nodes"), nodes_index),
-    ((GROUP, VERSION, POLICY_PLURAL), policies_index),
-    ((*RESOURCE, "deviceclasses"), classes_index),
-)
-INDEX_IDS = tuple(handler.__name__ for _, handler in INDEXES)  # kopf's
 
 
 def _revision(body: Body) -> int | None:

@@ -74,8 +74,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                 await wait_until_set(stopped, wait)
                 continue
             if await wait_until_set(wake, wait):
-                # Woken by an index handler, which runs before kopf stores its result:
-                # let the index settle (and a burst of events coalesce) first.
+                # Woken by a watch event: let a burst of events coalesce first.
                 await asyncio.sleep(SETTLE_S)
     finally:
         state.metrics.forget_policy(name)

@@ -124,8 +124,7 @@ class OperatorState:
     plans: dict[str, tuple[PlanInputs, Plan]] = field(default_factory=dict)
     # one planning loop per policy (loop.plan_policy)
     workers: Workers = field(default_factory=Workers)
-    # the live index views (id -> index), kept from the first policy event for the loops:
-    # kopf's and `watched`
+    # the live index views (id -> index) the loops read: `watched`, set at startup
     indexes: Mapping[str, Any] | None = None
     # the indexes kept by the operator's own watches (controller.indexes.WATCHED)
     watched: dict[str, Index] = field(default_factory=dict)

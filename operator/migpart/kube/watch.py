@@ -4,7 +4,10 @@ kopf runs every watch event through its handler machinery, about a millisecond e
 fine for migpart's own objects, but pods, ResourceClaims and the agents' Leases are the kinds
 with the most objects and events: a burst of 2,000 pods at 1,000 nodes is over 10,000 pod and
 claim events, and 1,000 agents renew a Lease every 10 s. The operator follows those kinds
-itself, as plain JSON (one parse per event, no models, no copies):
+itself, as plain JSON (one parse per event, no models, no copies). So does it for the kinds it
+reads in rounds (Nodes, DeviceClasses, policies): kopf's indexes keep, after a relist, the
+objects deleted while its watch was down (a deleted policy would go on owning its nodes),
+while a list here replaces everything:
 
 - `follow` lists (in pages) and watches from the list's resourceVersion, with bookmarks, and
   watches again from the last version it saw when a watch ends. It lists again only when the
@@ -177,6 +180,14 @@ def all_claims(api: ApiClient) -> ListCall:
     return ResourceV1Api(api).list_resource_claim_for_all_namespaces
 
 
+def all_nodes(api: ApiClient) -> ListCall:
+    return CoreV1Api(api).list_node
+
+
+def all_device_classes(api: ApiClient) -> ListCall:
+    return ResourceV1Api(api).list_device_class
+
+
 def object_id(obj: Body) -> str:
     meta = obj.get("metadata") or {}
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
@@ -194,9 +205,14 @@ class Index(Mapping[str, ValuesView[Any]]):
         self,
         entry: Callable[[Body], Mapping[str, Any] | None],
         on_change: Callable[[], None] = lambda: None,
+        *,
+        quiet_when_same: bool = False,
     ) -> None:
         self._entry = entry
         self._on_change = on_change
+        # an event that leaves the object's entry as it was does not call on_change (for
+        # kinds whose entry keeps little of a busy object, e.g. a Node's labels and taints)
+        self._quiet_when_same = quiet_when_same
         self._of: dict[str, tuple[str, ...]] = {}  # object -> the keys it gave
         self._by_key: dict[str, dict[str, Any]] = {}  # key -> object -> value
         self.synced = asyncio.Event()
@@ -215,6 +231,10 @@ class Index(Mapping[str, ValuesView[Any]]):
     def changed(self, kind: str, obj: Body) -> None:
         if kind == "DELETED":
             self._drop(object_id(obj))
+        elif self._quiet_when_same:
+            before = self._entry_of(object_id(obj))
+            if self._entry_of(self._put(obj)) == before:
+                return
         else:
             self._put(obj)
         self._on_change()
@@ -233,6 +253,9 @@ class Index(Mapping[str, ValuesView[Any]]):
                 self._by_key.setdefault(key, {})[oid] = value
             self._of[oid] = tuple(entry)
         return oid
+
+    def _entry_of(self, oid: str) -> dict[str, Any]:
+        return {key: self._by_key[key][oid] for key in self._of.get(oid, ())}
 
     def _drop(self, oid: str) -> None:
         for key in self._of.pop(oid, ()):

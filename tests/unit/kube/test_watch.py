@@ -1,10 +1,17 @@
-"""kube.watch.Index: what a kopf index holds, kept from lists and watch events."""
+"""kube.watch.Index: what a kopf index holds, kept from lists and watch events, for every kind
+a round reads."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from migpart.controller.indexes import claim_entry, waiting_entry
+from migpart.controller.indexes import (
+    claim_entry,
+    class_entry,
+    node_entry,
+    policy_entry,
+    waiting_entry,
+)
 from migpart.kube.watch import Index
 
 
@@ -62,3 +69,55 @@ def test_a_name_reused_by_a_new_object_is_a_new_object() -> None:
     index.changed("DELETED", pod("a", ["c1"], uid="old"))
     assert list(index) == ["ns/c1"]
     assert len(index["ns/c1"]) == 1
+
+
+def node(name: str, labels: dict[str, str], heartbeat: str = "t0") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": heartbeat}]},
+    }
+
+
+def test_a_node_event_that_leaves_labels_and_taints_as_they_were_wakes_nothing() -> None:
+    """A Node's status changes every few seconds; only its labels and taints matter to a
+    round, so only their changes wake the planners."""
+    changes: list[int] = []
+    index = Index(node_entry, lambda: changes.append(1), quiet_when_same=True)
+    index.listed([node("n1", {"pool": "a"})])
+    assert len(changes) == 1
+    index.changed("MODIFIED", node("n1", {"pool": "a"}, heartbeat="t1"))
+    assert len(changes) == 1
+    index.changed("MODIFIED", node("n1", {"pool": "b"}, heartbeat="t2"))
+    assert len(changes) == 2
+    assert [facts.labels for facts in index["n1"]] == [{"pool": "b"}]
+    index.changed("ADDED", node("n2", {"pool": "b"}))  # a new node is a change
+    index.changed("DELETED", node("n2", {"pool": "b"}))
+    assert len(changes) == 4
+
+
+def test_a_policy_deleted_while_the_watch_was_down_is_gone_after_the_relist() -> None:
+    """A kopf index kept such a policy after its relist, and the policy went on owning its
+    nodes; this index is replaced by the list."""
+    policies = [
+        {"apiVersion": "migpart.io/v1alpha1", "kind": "GpuPartitionPolicy", **p}
+        for p in (
+            {"metadata": {"name": "pa", "uid": "ua"}, "spec": {"nodeSelector": {}}},
+            {"metadata": {"name": "pb", "uid": "ub"}, "spec": {}, "status": {"x": 1}},
+        )
+    ]
+    index = Index(policy_entry)
+    index.listed(policies)
+    assert sorted(index) == ["pa", "pb"]
+    index.broken()
+    index.listed(policies[1:])
+    assert list(index) == ["pb"]
+    (value,) = index["pb"]
+    assert value == policies[1]
+
+
+def test_a_device_class_keeps_its_metadata_and_spec() -> None:
+    body = {"metadata": {"name": "c", "uid": "u"}, "spec": {"selectors": []}, "status": {}}
+    index = Index(class_entry)
+    index.listed([body])
+    assert list(index["c"]) == [{"metadata": body["metadata"], "spec": body["spec"]}]
