@@ -366,6 +366,11 @@ class Testbed:
         raise TestbedError(f"{name} not ready at {url} after {self.startup_timeout_s}s: {last}")
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM every component (newest first), then SIGKILL what is left."""
-        terminate_all([(proc, log) for _, proc, log in reversed(self._procs)], grace_s)
+        """SIGTERM every component but etcd (newest first), then etcd; SIGKILL what is left.
+        etcd goes last: a kube-apiserver that loses it mid-shutdown keeps redialling it and
+        outlives its grace."""
+        last = [entry for entry in self._procs if entry[0] == "etcd"]
+        first = [entry for entry in reversed(self._procs) if entry[0] != "etcd"]
+        for stage in (first, last):
+            terminate_all([(proc, log) for _, proc, log in stage], grace_s)
         self._procs.clear()

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import IO, TYPE_CHECKING
+from types import SimpleNamespace
+from typing import IO, TYPE_CHECKING, Any, cast
+
+import pytest
 
 from migpart.testbed.run import terminate_all
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    import pytest
 
 IGNORES_SIGTERM = (
     "import signal, time\n"
@@ -47,3 +48,24 @@ def test_a_process_that_ignores_sigterm_is_killed_and_named(
     for proc in (stubborn, polite):
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+def test_the_testbed_stops_etcd_last(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """All components but etcd first (newest first), then etcd: a kube-apiserver that lost
+    etcd mid-shutdown kept redialling it and was killed after its grace (end of every demo)."""
+    from migpart.testbed import run
+
+    stages: list[list[int]] = []
+
+    def record(procs: list[tuple[subprocess.Popen[bytes], IO[bytes]]], grace_s: float) -> list[Any]:
+        stages.append([proc.pid for proc, _ in procs])
+        return []
+
+    monkeypatch.setattr(run, "terminate_all", record)
+    bed = run.Testbed(tmp_path)
+    names = ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"]
+    for pid, name in enumerate(names):
+        bed._procs.append((name, cast(Any, SimpleNamespace(pid=pid)), cast(Any, None)))
+    bed.stop()
+    assert stages == [[3, 2, 1], [0]]
+    assert bed._procs == []
