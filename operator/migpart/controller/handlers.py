@@ -244,20 +244,25 @@ async def mark_stale(state: OperatorState) -> None:
         mignode = state.publisher.node(node)
         if mignode is None:
             state.stale_marks.pop(node, None)
+            state.stale_written_over.pop(node, None)
             continue
         conditions = stale_conditions(
             list(mignode.status.conditions) if mignode.status else [],
             stale,
             state.health.describe(node) if stale else "the agent renews its Lease again",
         )
-        if conditions is not None:
-            version = str(mignode.metadata.get("resourceVersion") or "")
+        version = str(mignode.metadata.get("resourceVersion") or "")
+        if conditions is None:
+            if version and state.stale_written_over.get(node) == version:
+                continue  # our last write is not in this body yet: decide on the next one
+        else:
             try:
                 await patch_mignode_conditions(state.api, node, version, conditions)
             except (ApiException, aiohttp.ClientError, TimeoutError) as error:
                 # 409: the agent wrote meanwhile; the next tick reads its status again
                 log.info("stale_condition_deferred", node=node, error=str(error)[:200])
                 continue
+            state.stale_written_over[node] = version
         state.stale_marks.pop(node, None)
 
 

@@ -83,6 +83,7 @@ class MigNodeWatch(Index):
         state.health.forget(name)
         state.stale_marks.pop(name, None)
         state.stale_flagged.discard(name)
+        state.stale_written_over.pop(name, None)
 
     def _seen(self, body: Body) -> None:
         state, name = self.state, _name(body)

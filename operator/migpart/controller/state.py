@@ -138,6 +138,9 @@ class OperatorState:
     stale_marks: dict[str, bool] = field(default_factory=dict)
     # nodes whose MigNode says Stale=True now (from the MigNode events)
     stale_flagged: set[str] = field(default_factory=set)
+    # node -> the resourceVersion our last Stale write went over: while the newest body seen is
+    # still that one, it does not show the write yet and cannot tell whether one is needed
+    stale_written_over: dict[str, str] = field(default_factory=dict)
     # what rounds do to the world; by default the API server (tests pass InMemoryEffects)
     effects: Effects = None  # type: ignore[assignment]
 

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from migpart.api.models import Condition, KubeletPluginStatus
+from migpart.api.models import Condition, KubeletPluginStatus, MigNode
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
@@ -315,3 +315,46 @@ def test_a_check_looks_only_at_what_can_have_changed_and_agrees_with_a_full_pass
     clock.now += 41  # every Lease silent for longer than the timeout: every node, once
     assert h._candidates() == set(nodes)
     assert h.check() == sorted(nodes)
+
+
+async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last_write(
+    monkeypatch: Any,
+) -> None:
+    """Stale=True written, then cleared (Stale=False written over revision 5); the node goes
+    stale again before the watch shows the clear. The body seen (revision 5) still says
+    Stale=True, which would make the new mark look done: it must wait for a newer body, and
+    then be written."""
+    from migpart.controller import handlers
+    from migpart.kube.slices import SlicePublisher
+
+    writes: list[tuple[str, str, str]] = []
+
+    async def patch(api: Any, node: str, version: str, conditions: list[Condition]) -> None:
+        (stale,) = [c.status for c in conditions if c.type == "Stale"]
+        writes.append((node, version, stale))
+
+    monkeypatch.setattr(handlers, "patch_mignode_conditions", patch)
+    publisher = SlicePublisher(cast(Any, None))
+    none = cast(Any, None)
+    state = OperatorState(api=none, credentials=none, publisher=publisher, effects=none)
+
+    def seen(revision: int, stale: str | None) -> None:
+        body = mignode("a", revision, gpus=[])
+        if stale is not None:
+            body["status"]["conditions"] = [
+                {"type": "Stale", "status": stale, "reason": "r", "message": "m"}
+            ]
+        publisher.observe(MigNode.model_validate(body))
+
+    seen(5, "True")
+    state.stale_marks["a"] = False  # the agent renews again: clear it
+    await handlers.mark_stale(state)
+    assert writes == [("a", "5", "False")]
+    state.stale_marks["a"] = True  # stale again before the watch showed the clear
+    await handlers.mark_stale(state)
+    assert writes == [("a", "5", "False")]
+    assert state.stale_marks == {"a": True}  # kept: revision 5 cannot tell
+    seen(6, "False")  # the watch shows the clear
+    await handlers.mark_stale(state)
+    assert writes == [("a", "5", "False"), ("a", "6", "True")]
+    assert state.stale_marks == {}
