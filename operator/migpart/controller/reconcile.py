@@ -306,10 +306,19 @@ class PolicyRound:
         )
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         written = (uid_of(self.body), dumped)
-        if self.state.statuses.get(self.name) == written:
+        last = self.state.statuses.get(self.name)
+        if last == written:
+            return
+        if last is not None and last[0] == written[0] and _observed(last[1]) > _observed(dumped):
+            # the policy changed while this round ran, and its new generation was reported
+            # already (an invalid spec, by policy_changed): an older verdict must not hide it
             return
         await self.effects.write_status(self.name, status)
         self.state.statuses[self.name] = written
+
+
+def _observed(status: Mapping[str, Any]) -> int:
+    return int(status.get("observedGeneration") or 0)
 
 
 async def report_invalid(

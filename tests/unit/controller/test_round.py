@@ -324,3 +324,38 @@ async def test_a_withdrawal_left_by_a_failed_round_is_published_again_by_the_nex
     assert effects.restores == [("a", frozenset({"gpu-0-7g80gb-0"}))]
     assert effects.withdrawn("a") == frozenset()
     assert "restored" in [e.step for e in state.hooks.journal]
+
+
+async def test_a_round_on_the_old_spec_does_not_hide_the_report_of_an_invalid_new_one() -> None:
+    """The policy is edited into an invalid spec while a round on the old spec runs:
+    policy_changed writes Ready=False for generation 2 first, then the round ends. Its status
+    (generation 1, Ready) must not be written over that: no round runs for an invalid policy,
+    so nothing would correct it until the next edit."""
+    from pydantic import ValidationError
+
+    from migpart.controller.bodies import parse_policy
+    from migpart.controller.reconcile import report_invalid
+
+    nodes = {"a": one_gpu("a", 1)}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    cluster = world(nodes, [claim("c1", "3g.40gb")])
+    old = cluster.policies["pa"]
+    new = {**old, "metadata": {**old["metadata"], "generation": 2}, "spec": {"nodeSelector": 1}}
+    with pytest.raises(ValidationError) as error:
+        parse_policy(new)
+
+    write_spec = effects.write_spec
+
+    async def edited_meanwhile(node: str, spec: Any) -> dict[str, Any]:
+        written = await write_spec(node, spec)
+        await report_invalid(state, "pa", new, error.value)  # the edit's event, mid-round
+        return written
+
+    effects.write_spec = edited_meanwhile  # type: ignore[method-assign]
+    round_ = PolicyRound(state, "pa", old, cluster)
+    await round_.run()
+    assert [s.observed_generation for _, s in effects.statuses] == [2]
+    (_, status) = effects.statuses[0]
+    ready = {c.type: c.status for c in status.conditions}
+    assert ready["Ready"] == "False"
