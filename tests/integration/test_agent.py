@@ -71,6 +71,20 @@ async def until(bed: Testbed, name: str, ok: Callable[[dict[str, Any]], bool]) -
         await asyncio.sleep(0.2)
 
 
+def agent_config(node: str, gpus: int, root: Path, *, resync_s: float) -> AgentConfig:
+    """An agent of `gpus` simulated H100s, its directories under `root`."""
+    return AgentConfig(
+        node=node,
+        simulate=[(H100, gpus)],
+        state_dir=root / "state",
+        cdi_dir=root / "cdi",
+        plugin_dir=root / "plugin",
+        registration_dir=root / "registry",
+        metrics_port=0,
+        resync_s=resync_s,
+    )
+
+
 @contextlib.asynccontextmanager
 async def running_agent(
     config: AgentConfig, api: ApiClient, sim: SimulatedNvml
@@ -91,16 +105,7 @@ async def test_agent_creates_mignode_reports_and_converges(
     await asyncio.to_thread(crds.add_node, node)
     node_uid = (await kubectl_json(crds, "get", "node", node) or {})["metadata"]["uid"]
     sim = SimulatedNvml([(H100, 2)], node=node, latency_s=0.01)
-    config = AgentConfig(
-        node=node,
-        simulate=[(H100, 2)],
-        state_dir=short_dir / "state",
-        cdi_dir=short_dir / "cdi",
-        plugin_dir=short_dir / "plugin",
-        registration_dir=short_dir / "registry",
-        metrics_port=0,
-        resync_s=5,
-    )
+    config = agent_config(node, 2, short_dir, resync_s=5)
     async with running_agent(config, api, sim):
         obj = await until(crds, node, lambda o: bool(o.get("status", {}).get("gpus")))
         owners = obj["metadata"]["ownerReferences"]
@@ -182,16 +187,8 @@ async def test_a_mignode_deleted_under_the_agent_comes_back_with_its_status(
     node = "agent-it-node-deleted"
     await asyncio.to_thread(crds.add_node, node)
     sim = SimulatedNvml([(H100, 1)], node=node, latency_s=0.01)
-    config = AgentConfig(
-        node=node,
-        simulate=[(H100, 1)],
-        state_dir=short_dir / "state",
-        cdi_dir=short_dir / "cdi",
-        plugin_dir=short_dir / "plugin",
-        registration_dir=short_dir / "registry",
-        metrics_port=0,
-        resync_s=3600,  # no periodic pass: only the deletion may bring the write
-    )
+    # no periodic pass: only the deletion may bring the write
+    config = agent_config(node, 1, short_dir, resync_s=3600)
     async with running_agent(config, api, sim):
         first = await until(crds, node, lambda o: bool(o.get("status", {}).get("gpus")))
         await asyncio.to_thread(crds.kubectl, "delete", "mignode", node, "--wait=true")

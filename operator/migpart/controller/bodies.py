@@ -30,5 +30,9 @@ def revision_of(body: Body) -> str:
     return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
+def name_of(body: Body) -> str:
+    return str((body.get("metadata") or {}).get("name") or "")
+
+
 def uid_of(body: Body) -> str:
     return str((body.get("metadata") or {}).get("uid") or "")

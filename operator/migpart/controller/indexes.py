@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
 from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
+from migpart.controller.bodies import name_of
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.kube.claims import claim_key, pod_claim_keys, pod_waiting
@@ -35,7 +36,6 @@ from migpart.kube.watch import (
     follow,
 )
 
-RESOURCE = ("resource.k8s.io", "v1")
 Body = Mapping[str, Any]
 
 
@@ -119,23 +119,20 @@ class Watched:
     quiet_when_same: bool = False  # see kube.watch.Index
 
 
+def object_entry(body: Body) -> dict[str, Any]:
+    """name -> the whole object, status included (the `policies` watched index, and the
+    MigNodes': a restarted operator builds a policy's next status on the last one written)."""
+    return {name_of(body): plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
+
+
 def node_entry(body: Body) -> dict[str, Any]:
     """Node name -> its labels and taints (the `nodes` watched index)."""
-    return {str((body.get("metadata") or {}).get("name")): node_facts(body)}
-
-
-def policy_entry(body: Body) -> dict[str, Any]:
-    """Policy name -> the policy (the `policies` watched index); status too: a restarted
-    operator builds the next status on the last one written."""
-    meta = body.get("metadata") or {}
-    return {
-        str(meta.get("name")): plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))
-    }
+    return {name_of(body): node_facts(body)}
 
 
 def class_entry(body: Body) -> dict[str, Any]:
     """DeviceClass name -> its metadata and spec (the `classes` watched index)."""
-    return {str((body.get("metadata") or {}).get("name")): plain(body, ("metadata", "spec"))}
+    return {name_of(body): plain(body, ("metadata", "spec"))}
 
 
 def all_policies(api: ApiClient) -> ListCall:
@@ -152,7 +149,7 @@ WATCHED: dict[str, Watched] = {
     "waiting_index": Watched(all_pods, waiting_entry, {"field_selector": "spec.nodeName="}),
     # a Node's status changes often and its labels and taints seldom: only they wake rounds
     "nodes_index": Watched(all_nodes, node_entry, quiet_when_same=True),
-    "policies_index": Watched(all_policies, policy_entry),
+    "policies_index": Watched(all_policies, object_entry),
     "classes_index": Watched(all_device_classes, class_entry),
 }
 

@@ -28,7 +28,8 @@ from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION, condition_status
-from migpart.controller.indexes import plain
+from migpart.controller.bodies import name_of
+from migpart.controller.indexes import object_entry
 from migpart.controller.state import OperatorState
 from migpart.errors import MigpartError
 from migpart.kube.leases import STALE
@@ -41,21 +42,11 @@ Body = Mapping[str, Any]
 PUBLISH_CONCURRENCY = 32
 
 
-def mignode_entry(body: Body) -> dict[str, Any]:
-    """name -> the MigNode (the top-level fields, no copy: nothing writes to them)."""
-    name = str((body.get("metadata") or {}).get("name") or "")
-    return {name: plain(body, ("apiVersion", "kind", "metadata", "spec", "status"))}
-
-
-def _name(body: Body) -> str:
-    return str((body.get("metadata") or {}).get("name") or "")
-
-
 class MigNodeWatch(Index):
     """The `mignodes_index`, and what each MigNode event does besides (module docstring)."""
 
     def __init__(self, state: OperatorState, slices_listed: asyncio.Event) -> None:
-        super().__init__(mignode_entry, state.wake_all)
+        super().__init__(object_entry, state.wake_all)
         self.state = state
         self._slices_listed = slices_listed
         self._publishing = asyncio.Semaphore(PUBLISH_CONCURRENCY)
@@ -63,7 +54,7 @@ class MigNodeWatch(Index):
         self._again: set[str] = set()
 
     def listed(self, objects: Sequence[Body]) -> None:
-        gone = set(self) - {_name(o) for o in objects}
+        gone = set(self) - {name_of(o) for o in objects}
         super().listed(objects)
         for name in gone:
             self._deleted(name)
@@ -73,7 +64,7 @@ class MigNodeWatch(Index):
     def changed(self, kind: str, obj: Body) -> None:
         super().changed(kind, obj)
         if kind == "DELETED":
-            self._deleted(_name(obj))
+            self._deleted(name_of(obj))
         else:
             self._seen(obj)
 
@@ -86,7 +77,7 @@ class MigNodeWatch(Index):
         state.stale_written_over.pop(name, None)
 
     def _seen(self, body: Body) -> None:
-        state, name = self.state, _name(body)
+        state, name = self.state, name_of(body)
         view = state.scopes.node(name, body)
         if view is None:
             return  # logged by the cache

@@ -239,11 +239,9 @@ class PolicyRound:
             },
         )
         by_name = {node_name(n): n for n in scope.nodes}
-        per_node = {name: [g for g in targets if g.node == name] for name in chosen}
+        work = [(by_name[name], [g for g in targets if g.node == name]) for name in chosen]
         with self.destroy.owning(chosen):
-            return await self.reconfigure(
-                [(by_name[name], per_node[name]) for name in chosen], plan_id, result, last_plan
-            )
+            return await self.reconfigure(work, plan_id, result, last_plan)
 
     async def reconfigure(
         self,

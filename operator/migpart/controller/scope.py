@@ -36,7 +36,7 @@ from pydantic import ValidationError
 
 from migpart.api.models import GpuPartitionPolicy, MigNode
 from migpart.controller import screening
-from migpart.controller.bodies import parse_policy, revision_of, strip, uid_of
+from migpart.controller.bodies import name_of, parse_policy, revision_of, strip, uid_of
 from migpart.kube import demand
 from migpart.kube.claims import body_key
 from migpart.kube.placement import NodeFacts, NodeFilter, Placement
@@ -193,7 +193,7 @@ class ScopeCache:
         return view
 
     def _view(self, body: Body) -> NodeView | None:
-        name = str((body.get("metadata") or {}).get("name"))
+        name = name_of(body)
         self.excluded.pop(name, None)
         reported: dict[str, ModelTable] = {}
         try:

@@ -9,7 +9,7 @@ from migpart.controller.indexes import (
     claim_entry,
     class_entry,
     node_entry,
-    policy_entry,
+    object_entry,
     waiting_entry,
 )
 from migpart.kube.watch import Index
@@ -106,7 +106,7 @@ def test_a_policy_deleted_while_the_watch_was_down_is_gone_after_the_relist() ->
             {"metadata": {"name": "pb", "uid": "ub"}, "spec": {}, "status": {"x": 1}},
         )
     ]
-    index = Index(policy_entry)
+    index = Index(object_entry)
     index.listed(policies)
     assert sorted(index) == ["pa", "pb"]
     index.broken()
