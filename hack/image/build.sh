@@ -91,7 +91,7 @@ main() {
     image=localhost/migpart:$version
     archive=dist/migpart-$version.oci.tar
     say "building $image from $base_image (build stage: $build_image)"
-    buildah "${STORAGE[@]}" bud --isolation chroot --layers --quiet \
+    buildah "${STORAGE[@]}" bud --isolation chroot --quiet \
         --timestamp "$epoch" \
         --build-arg BASE_IMAGE="$base_image" --build-arg BUILD_IMAGE="$build_image" \
         --build-arg VERSION="$version" --build-arg REVISION="$revision" \
