@@ -66,12 +66,15 @@ class Image:
         self.containers = 0
 
     def buildah(self, *args: str) -> str:
-        proc = subprocess.run(
-            ["buildah", *self.flags, *args], capture_output=True, text=True, check=False
-        )
+        proc = self.buildah_status(*args)
         if proc.returncode != 0:
             raise AssertionError(f"buildah {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout
+
+    def buildah_status(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["buildah", *self.flags, *args], capture_output=True, text=True, check=False
+        )
 
     def run(self, user: str, *command: str) -> str:
         """Run a command in a fresh container of the image; its stdout."""
@@ -195,6 +198,17 @@ def test_the_image_is_what_the_manifests_run(image: Image) -> None:
     assert out.strip() == f"migpart {VERSION}" + (
         "" if revision == "unknown" else f" (revision {revision})"
     )
+
+
+@pytest.mark.parametrize("command", [["demo"], ["testbed", "build"]], ids=" ".join)
+def test_what_needs_a_checkout_says_so_in_the_image(image: Image, command: list[str]) -> None:
+    container = image.container("checkout")
+    argv = ["run", "--isolation", "chroot", "--user", image.config["User"], container]
+    proc = image.buildah_status(*argv, "--", *image.config["Entrypoint"], *command)
+    lines = proc.stderr.splitlines()
+    needs = f"migpart {command[0]}: needs a checkout of the migpart repository"
+    assert [line for line in lines if line.startswith(needs)] == [lines[0]], proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_the_image_has_no_build_tools(image: Image) -> None:
