@@ -11,12 +11,14 @@ export MIGPART_CACHE ?= $(HOME)/.cache/migpart
 K8S_VERSIONS ?= 1.34.4 1.37.2
 DEMO_K8S_VERSION ?= 1.37.2
 
-.PHONY: help venv proto testbed check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean
+.PHONY: help venv proto testbed check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean image lock
 
 help:
 	@echo "make demo   - local control plane, simulated H100 nodes, operator + agents, trace replay"
 	@echo "make test   - install, build the testbed (cached), run unit, integration and e2e tests"
 	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter"
+	@echo "make image  - the OCI image with buildah, no registry needed: dist/migpart-VERSION.oci.tar"
+	@echo "make lock   - regenerate the image's hash-pinned locks (requirements/) from PyPI"
 	@echo "make bench  - planner benchmark (bench/planner.py)"
 	@echo "make chaos  - faults (agent/operator kills, NVML failures, ...) under a pod stream (bench/chaos.py)"
 	@echo "make bench-scale - end to end on the testbed at 100, 300, 1,000 simulated nodes (bench/scale.py)"
@@ -62,7 +64,7 @@ integration: venv proto testbed
 		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/integration || exit 1; \
 	done
 
-e2e: venv proto testbed
+e2e: venv proto testbed image
 	@for v in $(K8S_VERSIONS); do \
 		echo "== e2e on Kubernetes $$v"; \
 		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/e2e || exit 1; \
@@ -73,7 +75,7 @@ gpu: venv proto
 	MIGPART_GPU=1 $(PY) -m pytest -m gpu tests/gpu tests/unit/agent
 
 # Unit tests once, then the integration and e2e suites on each Kubernetes version.
-test: venv proto testbed
+test: venv proto testbed image
 	$(PY) -m pytest tests --ignore=tests/integration --ignore=tests/e2e
 	@for v in $(K8S_VERSIONS); do \
 		echo "== integration and e2e on Kubernetes $$v"; \
@@ -95,6 +97,30 @@ chaos: venv proto testbed
 demo: venv proto
 	MIGPART_K8S_VERSION=$(DEMO_K8S_VERSION) $(PY) -m migpart.cli testbed build
 	MIGPART_K8S_VERSION=$(DEMO_K8S_VERSION) $(PY) -m migpart.cli demo $(ARGS)
+
+# The image (hack/image/build.sh): buildah on a Python base made from Debian packages with
+# mmdebstrap (cached in $(MIGPART_CACHE)); installs buildah, mmdebstrap and skopeo with apt-get
+# where missing. Prints the archive's size and the image's digest. docs/deploy.md.
+image:
+	hack/image/build.sh
+
+# The locks the image installs from, with every file's hash (pip-compile from pip-tools, in its
+# own virtualenv in $(MIGPART_CACHE)). Existing pins are kept while pyproject.toml allows them;
+# `make lock ARGS=--upgrade` moves every pin to the newest release allowed. The gRPC pair is
+# pinned in requirements/grpc.in.
+PIP_TOOLS := $(MIGPART_CACHE)/tools/pip-tools
+PIP_COMPILE := cd requirements && env -u PIP_FIND_LINKS CUSTOM_COMPILE_COMMAND="make lock" \
+	$(PIP_TOOLS)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links $(ARGS)
+
+$(PIP_TOOLS)/.installed:
+	$(PYTHON) -m venv $(PIP_TOOLS)
+	$(PIP_TOOLS)/bin/pip install -q 'pip-tools>=7.4,<8'
+	touch $@
+
+lock: $(PIP_TOOLS)/.installed
+	$(PIP_COMPILE) --constraint grpc.in --output-file runtime.txt ../pyproject.toml
+	$(PIP_COMPILE) --output-file build.txt build.in
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -8,7 +8,9 @@ only when chosen, so `migpart plan` does not load kopf or NVML.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from importlib import metadata
 
 COMMANDS = {
     "operator": "run the operator (kopf) against the current kubeconfig",
@@ -20,8 +22,27 @@ COMMANDS = {
 }
 
 
+# Set by the image (Dockerfile): the git commit it was built from.
+REVISION_ENV = "MIGPART_REVISION"
+
+
+def version() -> str:
+    """`migpart --version`: the installed package's version, and the image's git revision
+    where the image says which it was built from."""
+    try:
+        text = f"migpart {metadata.version('migpart')}"
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        from migpart import __version__
+
+        text = f"migpart {__version__}"
+    revision = os.environ.get(REVISION_ENV, "")
+    if revision and revision != "unknown":
+        text += f" (revision {revision})"
+    return text
+
+
 def usage() -> str:
-    lines = ["usage: migpart COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: migpart COMMAND [ARGS...] | migpart --version", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
     return "\n".join(lines)
 
@@ -31,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in {"-h", "--help", "help"}:
         print(usage())
         return 0 if args else 2
+    if args[0] in {"-V", "--version"}:
+        print(version())
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"migpart: unknown command {name!r}\n\n{usage()}", file=sys.stderr)

@@ -451,8 +451,9 @@ def test_dockerfile_base_images_are_pinned() -> None:
         assert "$" not in image, image
         assert tag, image
         assert tag != "latest", image
-        # an exact release (major.minor.patch), not a moving tag like 3.11-slim
-        assert re.match(r"\d+\.\d+\.\d+", tag) or "@sha256:" in image, image
+        # made from Debian packages by hack/image/build.sh (`make image`), never pulled;
+        # anything pulled is pinned by digest
+        assert image.startswith("localhost/") or "@sha256:" in image, image
 
 
 @pytest.mark.parametrize(
@@ -476,7 +477,9 @@ def test_dockerfile_runs_as_non_root() -> None:
 def test_dockerignore_keeps_the_build_context_small() -> None:
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert "*" in ignore
-    assert {"!pyproject.toml", "!README.md", "!operator/"} <= set(ignore)
+    assert {"!pyproject.toml", "!README.md", "!operator/", "!LICENSE", "!requirements/"} <= set(
+        ignore
+    )
 
 
 # ------------------------------------------------------------------ docs

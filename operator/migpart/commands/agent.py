@@ -11,16 +11,17 @@ from migpart import logs
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.simulator import SimFaults, parse_simulate
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
+from migpart.commands.options import Parser, log_level, port
 from migpart.commands.stopping import run_until_signalled
 from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
-from migpart.kube.client import api_client, load_configuration
+from migpart.kube.client import KubeconfigError, api_client, load_configuration
 
 # How long SIGTERM may take to stop the agent (Kubernetes' default grace period is 30 s).
 STOP_GRACE_S = 25.0
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="migpart agent", description=__doc__)
+    p = Parser(prog="migpart agent", description=__doc__)
     p.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
@@ -104,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=8081,
         help="port of /metrics, /healthz, /readyz (0 disables)",
     )
@@ -122,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
         " agent has not stopped after this long (keep it under the pod's"
         " terminationGracePeriodSeconds)",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", type=log_level, default="INFO", help="DEBUG, INFO, WARNING, ...")
     return p
 
 
@@ -180,5 +181,11 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         print(f"migpart agent: {err}", file=sys.stderr)
         return 2
-    run_until_signalled(lambda: _main(config, args.kubeconfig), "agent", args.stop_grace_seconds)
+    try:
+        run_until_signalled(
+            lambda: _main(config, args.kubeconfig), "agent", args.stop_grace_seconds
+        )
+    except KubeconfigError as err:
+        print(f"migpart agent: {err}", file=sys.stderr)
+        return 2
     return 0

@@ -17,25 +17,36 @@ import sys
 import tempfile
 from pathlib import Path
 
+from migpart.commands.options import Parser
 from migpart.demo.cluster import REPO, LocalCluster
 from migpart.demo.compare import comparison_line, measured, simulated
 from migpart.demo.run import DemoRun, apply_policy, replay, start_nodes
 from migpart.demo.trace import accelerate, load_trace
 from migpart.mig import lookup_table
 from migpart.testbed import Testbed
+from migpart.testbed.build import outside_checkout
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="migpart demo", description=__doc__)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.nodes < 1 or args.duration <= 0 or args.gpus_per_node < 1:
+        p.error("--nodes, --gpus-per-node and --duration must be positive")
+    return args
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="migpart demo", description=__doc__)
     p.add_argument("--duration", type=float, default=120.0, help="seconds of replay")
     p.add_argument("--nodes", type=int, default=2, help="simulated GPU nodes (>= 1)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--model", default="NVIDIA H100 80GB HBM3")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node")
+    p.add_argument("--model", default="NVIDIA H100 80GB HBM3", help="the simulated GPU model")
     p.add_argument("--pods", type=int, default=0, help="trace pods to replay (0: 12 per node)")
     p.add_argument("--offset", type=int, default=0, help="first trace row (GPU tasks only)")
     p.add_argument(
         "--trace",
         type=Path,
+        help="pod trace (Alibaba openb_pod_list CSV)",
         default=REPO / "tests" / "fixtures" / "traces" / "openb_pod_list_default.csv",
     )
     p.add_argument(
@@ -45,14 +56,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="simulated NVML latency per create/destroy",
     )
     p.add_argument("--dir", type=Path, default=None, help="work dir (default: a temp dir)")
-    args = p.parse_args(argv)
-    if args.nodes < 1 or args.duration <= 0 or args.gpus_per_node < 1:
-        p.error("--nodes, --gpus-per-node and --duration must be positive")
-    return args
+    return p
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    problem = outside_checkout("demo")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     work = args.dir or Path(tempfile.mkdtemp(prefix="migpart-demo-"))
     table = lookup_table(args.model, None, "--model")
     count = args.pods or 12 * args.nodes

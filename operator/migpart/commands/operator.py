@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import sys
 from pathlib import Path
 
 import kopf
@@ -17,23 +18,35 @@ import structlog
 
 from migpart import logs
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
+from migpart.commands.options import Parser, log_level, port
 from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.health import REGISTRATION_GRACE_S, await_crds, serve
 from migpart.controller.metrics import Metrics
-from migpart.kube.client import api_client, load_configuration
+from migpart.kube.client import KubeconfigError, api_client, load_configuration
 
 log = structlog.get_logger(__name__)
 
 
 def _seconds(text: str) -> float:
-    value = float(text)
+    value = _number(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds >= 0")
     return value
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="migpart operator", description=__doc__)
+    return parser().parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="migpart operator", description=__doc__)
     p.add_argument(
         "--kubeconfig",
         type=Path,
@@ -42,7 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=8080,
         help="port for /metrics, /healthz, /readyz (0 disables)",
     )
@@ -51,11 +64,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="use kopf peering (needs kopf's peering CRD and RBAC; default: off, run one replica)",
     )
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--log-level", type=log_level, default="INFO", help="DEBUG, INFO, WARNING, ...")
+    p.add_argument(
+        "--log-json",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="JSON log lines (default: JSON unless stderr is a terminal)",
+    )
     p.add_argument(
         "--tick-seconds",
-        type=float,
+        type=_number,
         default=1.0,
         help="how often policies are re-evaluated without any change",
     )
@@ -86,11 +104,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "not registered (a restarted agent, until kubelet registers it again) keeps its devices "
         "published this long, while its Lease is fresh (0: none)",
     )
-    return p.parse_args(argv)
+    return p
 
 
 def _positive_seconds(text: str) -> float:
-    value = float(text)
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds > 0")
     return value
@@ -101,6 +119,8 @@ class _Memo(kopf.Memo):
 
 
 async def run(args: argparse.Namespace) -> None:
+    # A missing or broken kubeconfig fails here, before anything listens or starts.
+    client_config = await load_configuration(args.kubeconfig)
     metrics = Metrics()
     ready = asyncio.Event()
     served = asyncio.Event()  # migpart's CRDs are served
@@ -122,7 +142,7 @@ async def run(args: argparse.Namespace) -> None:
         # kopf resolves the resources of its handlers when it starts; a CRD that is
         # Established only later is not always picked up (its watch then never starts), so
         # kopf starts once the CRDs are served. Until then /readyz says what it waits for.
-        async with api_client(await load_configuration(args.kubeconfig)) as api:
+        async with api_client(client_config) as api:
             await await_crds(api, served)
         await kopf.operator(
             registry=build_registry(config),
@@ -139,6 +159,10 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logs.configure(args.log_level, json=args.log_json)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(args))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run(args))
+    except KubeconfigError as err:
+        print(f"migpart operator: {err}", file=sys.stderr)
+        return 2
     return 0

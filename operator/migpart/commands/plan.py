@@ -21,6 +21,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from migpart.api.models import GpuPartitionPolicySpec, ProfileInfo
+from migpart.commands.options import DefaultsHelpFormatter, log_level
 from migpart.errors import InvalidInput
 from migpart.mig import Profile
 from migpart.planning.codec import Parsers, encode_plan, parse_input
@@ -38,10 +39,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="migpart plan", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="migpart plan",
+        description=__doc__.splitlines()[0],
+        formatter_class=DefaultsHelpFormatter,
+    )
     parser.add_argument("--input", required=True, help="snapshot JSON file ('-' for stdin)")
     parser.add_argument("--output", help="write the plan JSON here instead of stdout")
-    parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
+    parser.add_argument(
+        "--log-level", type=log_level, default="INFO", help="stderr log level (default INFO)"
+    )
     return parser
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from migpart.commands.options import DefaultsHelpFormatter
 from migpart.errors import InvalidInput
 from migpart.mig import CATALOG
 from migpart.planning.model import PolicyView, Spare
@@ -34,7 +35,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="migpart simulate", description=__doc__.splitlines()[0])
+    p = _Parser(
+        prog="migpart simulate",
+        description=__doc__.splitlines()[0],
+        formatter_class=DefaultsHelpFormatter,
+    )
     p.add_argument("--trace", required=True, help="Alibaba openb_pod_list CSV, or simple CSV/JSON")
     p.add_argument("--nodes", type=int, default=5, help="GPU nodes (default 5)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
@@ -77,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--spares", default="", help="migpart spares, e.g. 1g.10gb:2,3g.40gb:1")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress on stderr, stdout stays clean (default: a bar when stderr is a terminal)",
+    )
     p.add_argument("--plot", help="write PNGs (matplotlib) into this directory")
     return p
 
@@ -150,24 +161,29 @@ def _config(args: argparse.Namespace) -> SimConfig:
 
 
 class _Bar:
-    """A one-line progress bar on stderr, drawn only on a terminal."""
+    """Progress on stderr: a bar redrawn in place on a terminal; elsewhere (`--progress` into
+    a log) one line per tenth of each phase."""
 
-    def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
+    def __init__(self, enabled: bool | None) -> None:
+        self.tty = sys.stderr.isatty()
+        self.enabled = self.tty if enabled is None else enabled
         self.last = ""
 
     def __call__(self, label: str, fraction: float) -> None:
         if not self.enabled:
             return
-        filled = int(30 * min(1.0, fraction))
-        line = f"\r{label:<28} [{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}"
+        if not self.tty:
+            line = f"{label}: {int(10 * min(1.0, fraction)) * 10}%\n"
+        else:
+            filled = int(30 * min(1.0, fraction))
+            line = f"\r{label:<28} [{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}"
         if line != self.last:
             sys.stderr.write(line)
             sys.stderr.flush()
             self.last = line
 
     def done(self) -> None:
-        if self.enabled and self.last:
+        if self.enabled and self.tty and self.last:
             sys.stderr.write("\r" + " " * len(self.last) + "\r")
             sys.stderr.flush()
 
@@ -187,7 +203,7 @@ def main(argv: list[str]) -> int:
             from migpart.sim.plot import _pyplot
 
             _pyplot()  # a missing matplotlib is reported before the run, not after it
-        bar = _Bar()
+        bar = _Bar(args.progress)
         result = simulate(config, pods, bar)
         bar.done()
         if args.json:

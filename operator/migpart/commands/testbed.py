@@ -8,8 +8,9 @@ import sys
 import threading
 from pathlib import Path
 
+from migpart.commands.options import DefaultsHelpFormatter, Parser
 from migpart.testbed import Testbed, TestbedBuildError, TestbedError, build
-from migpart.testbed.build import KUBE_VERSIONS, VERSION_ENV
+from migpart.testbed.build import KUBE_VERSIONS, VERSION_ENV, kube_version, outside_checkout
 from migpart.testbed.kubelet import NodeKubelet
 
 VERSION_HELP = (
@@ -18,12 +19,20 @@ VERSION_HELP = (
 )
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="migpart testbed")
-    sub = parser.add_subparsers(dest="action", required=True)
-    b = sub.add_parser("build", help="build the Go testbed binary (cached) and print its path")
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="migpart testbed")
+    sub = p.add_subparsers(dest="action", required=True)
+    b = sub.add_parser(
+        "build",
+        help="build the Go testbed binary (cached) and print its path",
+        formatter_class=DefaultsHelpFormatter,
+    )
     b.add_argument("--version", default=None, help=VERSION_HELP)
-    run = sub.add_parser("run", help="run the control plane in the foreground until signalled")
+    run = sub.add_parser(
+        "run",
+        help="run the control plane in the foreground until signalled",
+        formatter_class=DefaultsHelpFormatter,
+    )
     run.add_argument("--dir", type=Path, required=True, help="state dir; DIR/kubeconfig")
     run.add_argument("--port", type=int, default=0, help="kube-apiserver port (default: free)")
     run.add_argument("--version", default=None, help=VERSION_HELP)
@@ -33,9 +42,22 @@ def main(argv: list[str]) -> int:
         default=0,
         help="nodes with a real kubelet each (fake container runtime), testbed-node-1..N",
     )
-    args = parser.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = parser()
+    args = p.parse_args(argv)
     if getattr(args, "nodes", 0) < 0:
-        parser.error("--nodes must be >= 0")
+        p.error("--nodes must be >= 0")
+    try:
+        kube_version(args.version)
+    except TestbedBuildError as exc:
+        p.error(f"--version: {exc}")
+    problem = outside_checkout("testbed")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         if args.action == "build":
             print(build(version=args.version))

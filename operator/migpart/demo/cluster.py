@@ -58,6 +58,10 @@ class LocalCluster:
     nodes: dict[str, SimNode] = field(default_factory=dict)
     # flags added to every agent (e.g. shorter Lease timings for tests)
     agent_flags: list[str] = field(default_factory=list)
+    # How a component starts: (its name, e.g. "operator" or "agent-NODE", and its migpart
+    # arguments) -> the command line. Default: `python -m migpart.cli` of this interpreter;
+    # tests/e2e/test_image.py runs the built image instead.
+    launch: Callable[[str, list[str]], list[str]] | None = None
     _operator: tuple[subprocess.Popen[bytes], IO[bytes]] | None = None
 
     def install(self) -> None:
@@ -77,8 +81,9 @@ class LocalCluster:
         logs.mkdir(parents=True, exist_ok=True)
         log = (logs / f"{name}.log").open("ab")
         env = {**os.environ, "KUBECONFIG": str(self.testbed.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        argv = (self.launch or _this_interpreter)(name, args)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "migpart.cli", *args],
+            argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -241,6 +246,10 @@ class LocalCluster:
                 kubelet.stop()
             self.stop_agent(name)
         self.nodes.clear()
+
+
+def _this_interpreter(_name: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "migpart.cli", *args]
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -15,12 +15,14 @@ that showed in profiles of the operator at 1,000 nodes (a fifth of its CPU in a 
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -39,18 +41,68 @@ class Credentials:
     insecure: bool
 
 
+class KubeconfigError(Exception):
+    """No usable client configuration: the message says which file and why, in one line."""
+
+
+# What kubernetes-asyncio raises for a kubeconfig it cannot use: its own ConfigException, and
+# whatever reading and parsing the file raise (a missing certificate file, YAML that is not a
+# mapping, a context naming a missing cluster).
+_CONFIG_ERRORS = (
+    config.ConfigException,
+    OSError,
+    yaml.YAMLError,
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+)
+
+
 async def load_configuration(kubeconfig: Path | None) -> Configuration:
     """A client configuration from `kubeconfig`, else $KUBECONFIG/~/.kube/config, else the
-    in-cluster service account."""
+    in-cluster service account. Raises KubeconfigError when none of them is usable."""
     cfg = Configuration()
     if kubeconfig is not None:
-        await config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+        await _load_file(_existing(kubeconfig), cfg)
         return cfg
     try:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        return cfg
     except config.ConfigException:
-        await config.load_kube_config(client_configuration=cfg)
+        pass
+    await _load_file(_default_kubeconfig(), cfg, environ=True)
     return cfg
+
+
+def _existing(path: Path) -> Path:
+    if not path.is_file():
+        raise KubeconfigError(f"kubeconfig {path}: no such file")
+    return path
+
+
+def _default_kubeconfig() -> Path:
+    """The first file $KUBECONFIG names, else ~/.kube/config; it must exist."""
+    default = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or "~/.kube/config"
+    path = Path(default).expanduser()
+    if not path.exists():
+        raise KubeconfigError(
+            "no kubeconfig: not running in a cluster, --kubeconfig not given, and "
+            f"{default} does not exist"
+            + ("" if "KUBECONFIG" in os.environ else " ($KUBECONFIG is not set)")
+        )
+    return path
+
+
+async def _load_file(path: Path, cfg: Configuration, *, environ: bool = False) -> None:
+    try:
+        if environ:  # $KUBECONFIG may list several files; the library merges them
+            await config.load_kube_config(client_configuration=cfg)
+        else:
+            await config.load_kube_config(config_file=str(path), client_configuration=cfg)
+    except _CONFIG_ERRORS as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise KubeconfigError(f"kubeconfig {path} is not usable: {reason}") from None
 
 
 def credentials(cfg: Configuration) -> Credentials:

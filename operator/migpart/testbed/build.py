@@ -56,6 +56,19 @@ def source_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "hack" / "testbed"
 
 
+def outside_checkout(command: str) -> str | None:
+    """Why `command` cannot run here, or None: the testbed is built from hack/testbed, which
+    only a checkout of the repository has (not a wheel, not the image)."""
+    src = source_dir()
+    if src.is_dir():
+        return None
+    return (
+        f"migpart {command}: needs a checkout of the migpart repository (hack/testbed, built "
+        f"with Go; {src} does not exist), so it does not run from an installed package or the "
+        "image; run it from a clone, or set $MIGPART_TESTBED_SRC to a clone's hack/testbed"
+    )
+
+
 def module_dir(src: Path, version: str) -> Path:
     """The directory of a version's go.mod and go.sum (hack/testbed/v1.37 for 1.37.2)."""
     major, minor, _ = version.split(".")
