@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from migpart.agent.metrics import AgentMetrics
 from migpart.controller.metrics import Metrics
@@ -171,8 +172,6 @@ def test_dashboard_shows_what_the_operator_and_the_agents_do() -> None:
 
 def test_every_queried_metric_is_declared_by_the_code() -> None:
     """The same check as the testbed's, against the registries alone (fast, no processes)."""
-    from prometheus_client import generate_latest
-
     operator = Metrics()
     operator.start_policy("p")
     exported = exported_names(generate_latest(operator.registry).decode())
