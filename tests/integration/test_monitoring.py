@@ -26,7 +26,7 @@ from migpart.testbed import Testbed
 from tests.integration.conftest import H100, apply, policy_body
 from tests.promql import exported_names, queried_metrics, sampled_names
 
-NODE = "monitoring-node-1"
+NODE = "monitoring-1"
 POLICY = "monitoring"
 LABELS = {"migpart-test": "monitoring"}
 # Metrics whose labels are known only when the event happens: declared, no sample before.
@@ -75,7 +75,9 @@ def pages(cluster: Testbed, tmp_path: Path) -> Iterator[dict[str, str]]:
             f"{H100}:2",
             labels=LABELS,
             kubelet=False,
-            extra_args=("--metrics-port", str(agent_port)),
+            # no DRA plugin: nothing here would dial it (and its sockets' paths under the
+            # test's tmp_path could pass the 107-byte limit of Unix socket paths)
+            extra_args=("--metrics-port", str(agent_port), "--no-kubelet-plugin"),
         )
         local.start_operator("--metrics-port", str(operator_port))
         apply(cluster, policy_body(POLICY, LABELS, spares=[{"profile": "1g.10gb", "count": 1}]))
