@@ -6,12 +6,16 @@ PY := $(VENV)/bin/python
 # The Go testbed binary is cached outside the repo, one per Kubernetes version, keyed by
 # the version and the content of hack/testbed (see operator/migpart/testbed/build.py).
 export MIGPART_CACHE ?= $(HOME)/.cache/migpart
+# promtool (Prometheus rule checks and unit tests), taken out of Debian's `prometheus` package
+# without installing it: the package would start a Prometheus server.
+PROMTOOL ?= $(MIGPART_CACHE)/tools/bin/promtool
+export PROMTOOL
 # Every Kubernetes version the integration and e2e suites run on: the oldest supported and
 # the newest. MIGPART_K8S_VERSION picks one for a single run (default: the newest).
 K8S_VERSIONS ?= 1.34.4 1.37.2
 DEMO_K8S_VERSION ?= 1.37.2
 
-.PHONY: help venv proto testbed check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean image lock
+.PHONY: help venv proto testbed promtool check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean image lock
 
 help:
 	@echo "make demo   - local control plane, simulated H100 nodes, operator + agents, trace replay"
@@ -34,6 +38,17 @@ venv: $(VENV)/.installed
 proto: venv
 	$(PY) -m migpart.agent.proto.build
 
+$(PROMTOOL):
+	mkdir -p $(MIGPART_CACHE)/tools/deb $(dir $(PROMTOOL))
+	cd $(MIGPART_CACHE)/tools/deb && rm -rf prometheus_*.deb root && \
+		{ apt-get download prometheus || { apt-get update -q && apt-get download prometheus; }; } && \
+		dpkg-deb -x prometheus_*.deb root
+	install -m 0755 $(MIGPART_CACHE)/tools/deb/root/usr/bin/promtool $@
+	rm -rf $(MIGPART_CACHE)/tools/deb
+	$@ --version | head -1
+
+promtool: $(PROMTOOL)
+
 testbed: venv
 	@for v in $(K8S_VERSIONS); do \
 		MIGPART_K8S_VERSION=$$v $(PY) -m migpart.cli testbed build || exit 1; \
@@ -55,7 +70,7 @@ layers: venv
 
 check: lint typecheck layers
 
-unit: venv proto
+unit: venv proto promtool
 	$(PY) -m pytest tests/unit
 
 integration: venv proto testbed
@@ -75,7 +90,7 @@ gpu: venv proto
 	MIGPART_GPU=1 $(PY) -m pytest -m gpu tests/gpu tests/unit/agent
 
 # Unit tests once, then the integration and e2e suites on each Kubernetes version.
-test: venv proto testbed image
+test: venv proto promtool testbed image
 	$(PY) -m pytest tests --ignore=tests/integration --ignore=tests/e2e
 	@for v in $(K8S_VERSIONS); do \
 		echo "== integration and e2e on Kubernetes $$v"; \

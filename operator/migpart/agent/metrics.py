@@ -4,18 +4,24 @@ Each agent has its own `CollectorRegistry`, so several simulated agents can live
 (the demo, tests) without clashing on the global registry. `/healthz` answers while the loop
 runs; `/readyz` once the first reconcile has written a status (and the kubelet plugin listens,
 when enabled).
+
+The node's counters are created at zero when the agent starts (an NVML error code is known
+only when it happens): an alert on `increase()` then sees the first failure too.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import get_args
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram
+from prometheus_client import Counter as CounterMetric
 from prometheus_client.exposition import generate_latest
 
-if TYPE_CHECKING:
-    from migpart.api.models import MigNodeStatus
+from migpart.agent.reconciler import OpKind
+from migpart.api.models import InstanceStateName, MigNodeStatus
+from migpart.process_metrics import register_process_metrics
 
 
 class AgentMetrics:
@@ -28,26 +34,26 @@ class AgentMetrics:
             ["node", "profile", "state"],
             registry=self.registry,
         )
-        self.nvml_errors = Counter(
+        self.nvml_errors = CounterMetric(
             "migpart_agent_nvml_errors",
             "NVML calls that failed, by NVML return code",
             ["node", "code"],
             registry=self.registry,
         )
-        self.status_write_failures = Counter(
+        self.status_write_failures = CounterMetric(
             "migpart_agent_status_write_failures",
             "Reconcile passes whose MigNode status write failed (API server error or no answer)",
             ["node"],
             registry=self.registry,
         )
-        self.lease_renewal_failures = Counter(
+        self.lease_renewal_failures = CounterMetric(
             "migpart_agent_lease_renewal_failures",
             "Renewals of the node's Lease that failed (retried with back-off); the operator "
             "takes the node as unavailable once none succeeded for its lease timeout",
             ["node"],
             registry=self.registry,
         )
-        self.operations = Counter(
+        self.operations = CounterMetric(
             "migpart_agent_mig_operations",
             "MIG instances created and destroyed",
             ["node", "kind"],
@@ -60,18 +66,49 @@ class AgentMetrics:
             registry=self.registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
+        self.gpu_instances = Gauge(
+            "migpart_agent_gpu_mig_instances",
+            "MIG instances on each GPU of the node by state",
+            ["node", "gpu", "state"],
+            registry=self.registry,
+        )
+        self.gpus = Gauge(
+            "migpart_agent_gpus",
+            "GPUs NVML reports on the node by model (lost GPUs not counted)",
+            ["node", "model"],
+            registry=self.registry,
+        )
+        self.lost_gpus = Gauge(
+            "migpart_agent_lost_gpus",
+            "GPUs NVML reports lost on the node (GPU_IS_LOST)",
+            ["node"],
+            registry=self.registry,
+        )
+        for counter in (self.status_write_failures, self.lease_renewal_failures):
+            counter.labels(node)
+        for kind in get_args(OpKind):
+            self.operations.labels(node, kind)
+        self.reconcile_seconds.labels(node)
+        self.lost_gpus.labels(node).set(0)
+        register_process_metrics(self.registry)
         self.ready = False
         self.alive = True
 
     def observe_status(self, status: MigNodeStatus) -> None:
         self.instances.clear()
-        counts: dict[tuple[str, str], int] = {}
+        self.gpu_instances.clear()
+        self.gpus.clear()
+        counts: Counter[tuple[str, str]] = Counter()
         for gpu in status.gpus:
-            for inst in gpu.instances:
-                key = (inst.profile, inst.state)
-                counts[key] = counts.get(key, 0) + 1
+            per_state = Counter(inst.state for inst in gpu.instances)
+            for state in get_args(InstanceStateName):
+                self.gpu_instances.labels(self.node, str(gpu.index), state).set(per_state[state])
+            counts.update((inst.profile, inst.state) for inst in gpu.instances)
         for (profile, state), n in counts.items():
             self.instances.labels(self.node, profile, state).set(n)
+        for model, n in Counter(gpu.model for gpu in status.gpus).items():
+            self.gpus.labels(self.node, model).set(n)
+        self.lost_gpus.labels(self.node).set(len(status.lost_gpus))
 
     def nvml_error(self, code: int | None) -> None:
         self.nvml_errors.labels(self.node, str(code) if code is not None else "unknown").inc()

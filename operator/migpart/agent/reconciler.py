@@ -47,12 +47,14 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("migpart.agent.reconciler")
 
+OpKind = Literal["create", "destroy"]
+
 
 @dataclass(frozen=True, slots=True)
 class Op:
     """One NVML change the reconciler made."""
 
-    kind: Literal["create", "destroy"]
+    kind: OpKind
     gpu: int
     profile: str
     start: int

@@ -17,7 +17,7 @@ from migpart.commands.options import DefaultsHelpFormatter
 from migpart.errors import InvalidInput
 from migpart.mig import CATALOG
 from migpart.planning.model import PolicyView, Spare
-from migpart.sim.layouts import StaticLayout, mig_parted_layout, read_mig_parted
+from migpart.sim.layouts import StaticLayout, mig_parted_layouts, read_mig_parted
 from migpart.sim.report import as_json, ratio_line, table
 from migpart.sim.run import BUILTIN, SimConfig, simulate
 from migpart.sim.workload import load_workload
@@ -103,18 +103,18 @@ def _spares(text: str) -> tuple[Spare, ...]:
 
 
 def _static(path: str | None, gpus: int, model: str) -> dict[str, StaticLayout]:
+    """The static policies of a mig-parted config for `model`; its warnings (profiles the
+    model does not offer, configs left out) go to stderr, one line each."""
     if path is None:
         return {}
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInput("--mig-config", f"cannot read {path}: {exc.strerror or exc}") from None
-    table = CATALOG[model]
-    configs = read_mig_parted(text, path)
-    return {
-        f"static:{name}": mig_parted_layout(table, str(name), entries, gpus, path)
-        for name, entries in configs.items()
-    }
+    found = mig_parted_layouts(CATALOG[model], read_mig_parted(text, path), gpus, path)
+    for warning in found.warnings:
+        print(f"migpart simulate: warning: {warning}", file=sys.stderr)
+    return found.layouts
 
 
 def _config(args: argparse.Namespace) -> SimConfig:

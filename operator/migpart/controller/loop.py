@@ -39,6 +39,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
     seen = -1  # state.changes when the last round began
     again = True  # the last round wants another one even if nothing changes
     last_round = 0.0
+    state.metrics.start_policy(name)
     try:
         await state.watched_synced()
         while not stopped.is_set():

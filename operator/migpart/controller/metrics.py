@@ -1,12 +1,23 @@
 """Prometheus metrics of one operator instance (own registry: several operators may run in
-one test process without clashing in the global registry)."""
+one test process without clashing in the global registry).
+
+Series whose labels are known up front are created at zero (both unavailability reasons at
+start, a policy's counters when its planning loop starts): an alert on `increase()` then sees
+the first event too, and a scrape shows every series a dashboard or an alert reads.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from migpart.api.models import UnavailableReason
+from migpart.process_metrics import register_process_metrics
+
+ROUND_FAILURE_KINDS = ("temporary", "permanent")
 
 
 @dataclass
@@ -33,6 +44,12 @@ class Metrics:
             ["policy"],
             registry=self.registry,
         )
+        self.rounds = Counter(
+            "migpart_rounds_total",
+            "Planning rounds run for the policy (a round plans only when its inputs changed)",
+            ["policy"],
+            registry=self.registry,
+        )
         self.slice_publishes = Counter(
             "migpart_resourceslice_publishes_total",
             "ResourceSlice writes (each one bumps the pool generation)",
@@ -55,6 +72,18 @@ class Metrics:
             "Devices the destroy protocol kept because a claim was allocated to them",
             registry=self.registry,
         )
+        for reason in get_args(UnavailableReason):
+            self.unavailable_nodes.labels(reason).set(0)
+        register_process_metrics(self.registry)
+
+    def start_policy(self, policy: str) -> None:
+        """Create a policy's series at zero when its planning loop starts."""
+        self.pending_requests.labels(policy)
+        self.plan_duration.labels(policy)
+        self.repartitions.labels(policy)
+        self.rounds.labels(policy)
+        for kind in ROUND_FAILURE_KINDS:
+            self.round_failures.labels(policy, kind)
 
     def forget_policy(self, policy: str) -> None:
         """Drop a policy's gauge and histogram series when its planning loop ends (policy

@@ -95,6 +95,7 @@ class PolicyRound:
         return self.state.scopes.scope(self.name, self.cluster, self.destroy.unseen_claims(claims))
 
     async def run(self) -> RoundResult:
+        self.state.metrics.rounds.labels(self.name).inc()
         await self.destroy.restore_leftovers()
         policy = self.state.scopes.policy(self.name, self.body)
         scope = self.scope()

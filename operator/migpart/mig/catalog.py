@@ -49,9 +49,17 @@ def _seven_slice_rows(
     ]
 
 
-def _table(model: str, compute: int, memory: int, rows: list[_Row]) -> ModelTable:
+def _table(
+    model: str, compute: int, memory: int, rows: list[_Row], pci: tuple[int, ...]
+) -> ModelTable:
     profiles = tuple(Profile(*row) for row in rows)
-    return ModelTable(model=model, compute_slices=compute, memory_slices=memory, profiles=profiles)
+    return ModelTable(
+        model=model,
+        compute_slices=compute,
+        memory_slices=memory,
+        profiles=profiles,
+        pci_device_ids=pci,
+    )
 
 
 _H100_80GB = _seven_slice_rows(
@@ -87,18 +95,22 @@ _A30: list[_Row] = [
     ("4g.24gb", 4, 4, (0,), 1, 24320, 56, 4, 4, 0, 4, 1, 3, 0),
 ]
 
+# The last column: PCI device ids (vendor 0x10DE), as mig-parted's `device-filter` names them
+# (0x233010DE is device 0x2330 of vendor 0x10DE). From the PCI ID Repository (pci.ids) where it
+# names the board, else from the comments of the GPU Operator's default mig-parted config
+# (H200 0x2335, H100 NVL 0x2321, B200 0x2901).
 CATALOG: dict[str, ModelTable] = {
     t.model: t
     for t in (
-        _table("NVIDIA H100 80GB HBM3", 7, 8, _H100_80GB),
-        _table("NVIDIA H200", 7, 8, _H200),
-        _table("NVIDIA H100 NVL", 7, 8, _H100_94GB),
-        _table("NVIDIA A100-SXM4-80GB", 7, 8, _A100_80GB),
-        _table("NVIDIA A100 80GB PCIe", 7, 8, _A100_80GB),
-        _table("NVIDIA A100-SXM4-40GB", 7, 8, _A100_40GB),
-        _table("NVIDIA A100-PCIE-40GB", 7, 8, _A100_40GB),
-        _table("NVIDIA B200", 7, 8, _B200),
-        _table("NVIDIA A30", 4, 4, _A30),
+        _table("NVIDIA H100 80GB HBM3", 7, 8, _H100_80GB, (0x2330,)),
+        _table("NVIDIA H200", 7, 8, _H200, (0x2335,)),
+        _table("NVIDIA H100 NVL", 7, 8, _H100_94GB, (0x2321,)),
+        _table("NVIDIA A100-SXM4-80GB", 7, 8, _A100_80GB, (0x20B2,)),
+        _table("NVIDIA A100 80GB PCIe", 7, 8, _A100_80GB, (0x20B5,)),
+        _table("NVIDIA A100-SXM4-40GB", 7, 8, _A100_40GB, (0x20B0,)),
+        _table("NVIDIA A100-PCIE-40GB", 7, 8, _A100_40GB, (0x20B1, 0x20F1)),
+        _table("NVIDIA B200", 7, 8, _B200, (0x2901,)),
+        _table("NVIDIA A30", 4, 4, _A30, (0x20B7,)),
     )
 }
 

@@ -67,6 +67,10 @@ class ModelTable:
     memory_slices: int
     profiles: tuple[Profile, ...]
     _by_name: dict[str, Profile] = field(init=False, repr=False, compare=False, hash=False)
+    pci_device_ids: tuple[int, ...] = field(default=(), compare=False, hash=False)
+    """The model's PCI device ids (vendor 0x10DE), e.g. 0x2330 for the H100 SXM5 80GB: what a
+    mig-parted `device-filter` names. Known for the built-in catalog; a table read from NVML
+    or given in a snapshot has none."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {p.name: p for p in self.profiles})

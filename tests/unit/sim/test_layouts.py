@@ -34,12 +34,12 @@ mig-configs:
 
 def test_a_mig_parted_config_becomes_valid_layouts_per_gpu() -> None:
     configs = read_mig_parted(CONFIG, "cfg.yaml")
-    layout = mig_parted_layout(H100, "all-balanced", configs["all-balanced"], 8, "cfg.yaml")
+    layout = mig_parted_layout(H100, "all-balanced", configs["all-balanced"], 8, "cfg.yaml").layout
     assert len(layout) == 8
     for gpu in layout:
         assert layout_problems(H100, gpu) == []
         assert Counter(i.profile for i in gpu) == Counter(balanced(H100))
-    half = mig_parted_layout(H100, "half", configs["half"], 8, "cfg.yaml")
+    half = mig_parted_layout(H100, "half", configs["half"], 8, "cfg.yaml").layout
     assert [len(g) for g in half] == [2, 2, 2, 2, 1, 1, 1, 1]
     assert half[7][0].profile == "7g.80gb"
 
@@ -56,8 +56,8 @@ def test_a_mig_parted_config_becomes_valid_layouts_per_gpu() -> None:
         ),
         (
             "version: v1\nmig-configs:\n  a:\n    - {devices: all, mig-enabled: true,"
-            " mig-devices: {'5g.50gb': 1}}\n",
-            "mig-devices.5g.50gb: '5g.50gb' is not offered",
+            " mig-devices: {'five-g': 1}}\n",
+            "mig-devices.five-g: not a MIG profile name",
         ),
         (
             "version: v1\nmig-configs:\n  a:\n    - {devices: some, mig-enabled: true}\n",

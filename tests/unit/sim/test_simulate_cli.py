@@ -101,3 +101,25 @@ def test_the_simulate_doc_names_only_real_flags() -> None:
     known = set(re.findall(r"--[a-z][a-z0-9-]*", simulate._parser().format_help()))
     mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", doc))
     assert mentioned - {"--help"} <= known, sorted(mentioned - known)
+
+
+def test_nvidias_stock_config_is_simulated_with_one_warning_per_skip(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """mig-parted's own example names A100-40GB profiles (1g.5gb, ...): on the default H100
+    those configs are left out in one line, and custom-config keeps what the H100 offers."""
+    stock = Path(__file__).parents[2] / "fixtures" / "mig-parted" / "mig-parted-example-config.yaml"
+    args = [*SHORT, "--policies", "static:custom-config,static:all-1g.10gb", "--mig-config"]
+    assert simulate.main([*args, str(stock), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert set(json.loads(captured.out)["policies"]) == {
+        "static:custom-config",
+        "static:all-1g.10gb",
+    }
+    warnings = captured.err.splitlines()
+    assert len(warnings) == 4
+    assert all(line.startswith("migpart simulate: warning: ") for line in warnings)
+    assert (
+        "left out: all-1g.5gb, all-1g.5gb.me, all-2g.10gb, all-3g.20gb, all-balanced"
+        in warnings[-1]
+    )
