@@ -8,9 +8,10 @@ only when chosen, so `migpart plan` does not load kopf or NVML.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from importlib import metadata
+
+from migpart import revision
 
 COMMANDS = {
     "operator": "run the operator (kopf) against the current kubeconfig",
@@ -22,10 +23,6 @@ COMMANDS = {
 }
 
 
-# Set by the image (Dockerfile): the git commit it was built from.
-REVISION_ENV = "MIGPART_REVISION"
-
-
 def version() -> str:
     """`migpart --version`: the installed package's version, and the image's git revision
     where the image says which it was built from."""
@@ -35,9 +32,9 @@ def version() -> str:
         from migpart import __version__
 
         text = f"migpart {__version__}"
-    revision = os.environ.get(REVISION_ENV, "")
-    if revision and revision != "unknown":
-        text += f" (revision {revision})"
+    built_from = revision()
+    if built_from != "unknown":
+        text += f" (revision {built_from})"
     return text
 
 

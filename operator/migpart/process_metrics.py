@@ -9,7 +9,6 @@ global one, where prometheus_client puts them by default, is never served.
 
 from __future__ import annotations
 
-import os
 import platform
 
 from prometheus_client import (
@@ -20,17 +19,13 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from migpart import __version__
-
-REVISION_ENV = "MIGPART_REVISION"
-"""The source revision (git commit) the image was built from; the image build sets it.
-`unknown` where it is not set (a checkout run from its virtualenv)."""
+from migpart import __version__, revision
 
 
 def build_labels() -> dict[str, str]:
     return {
         "version": __version__,
-        "revision": os.environ.get(REVISION_ENV) or "unknown",
+        "revision": revision(),
         "python_version": platform.python_version(),
     }
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import migpart
 from migpart import cli
 from migpart.commands import agent, demo, operator, plan, simulate, testbed
 
@@ -57,7 +58,7 @@ def test_version_is_the_package_version(capsys: pytest.CaptureFixture[str]) -> N
 def test_version_names_the_image_revision(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(cli.REVISION_ENV, "0123abc")
+    monkeypatch.setenv(migpart.REVISION_ENV, "0123abc")
     code, out, _ = run(["--version"], capsys)
     assert code == 0
     assert out.strip().endswith("(revision 0123abc)")

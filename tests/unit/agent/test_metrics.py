@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from migpart import __version__
+from migpart import REVISION_ENV, __version__
 from migpart.agent.metrics import AgentMetrics
 from migpart.api.models import GpuStatus, InstanceStateName, MigInstanceStatus, MigNodeStatus
-from migpart.process_metrics import REVISION_ENV
 
 H100 = "NVIDIA H100 80GB HBM3"
 
