@@ -6,12 +6,18 @@ PY := $(VENV)/bin/python
 # The Go testbed binary is cached outside the repo, one per Kubernetes version, keyed by
 # the version and the content of hack/testbed (see operator/migpart/testbed/build.py).
 export MIGPART_CACHE ?= $(HOME)/.cache/migpart
+# helm and kustomize for the chart tests (tests/tools.py finds them here), built from the Go
+# module proxy by `make tools`, cached outside the repo. A stamp per version rebuilds them
+# when a version below changes.
+TOOLS_BIN := $(MIGPART_CACHE)/tools/bin
+HELM_VERSION ?= v4.3.1
+KUSTOMIZE_VERSION ?= v5.8.2
 # Every Kubernetes version the integration and e2e suites run on: the oldest supported and
 # the newest. MIGPART_K8S_VERSION picks one for a single run (default: the newest).
 K8S_VERSIONS ?= 1.34.4 1.37.2
 DEMO_K8S_VERSION ?= 1.37.2
 
-.PHONY: help venv proto testbed check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean
+.PHONY: help venv proto testbed tools check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean
 
 help:
 	@echo "make demo   - local control plane, simulated H100 nodes, operator + agents, trace replay"
@@ -31,6 +37,18 @@ venv: $(VENV)/.installed
 
 proto: venv
 	$(PY) -m migpart.agent.proto.build
+
+$(TOOLS_BIN)/.helm-$(HELM_VERSION):
+	mkdir -p $(TOOLS_BIN)
+	GOBIN=$(TOOLS_BIN) go install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+	touch $@
+
+$(TOOLS_BIN)/.kustomize-$(KUSTOMIZE_VERSION):
+	mkdir -p $(TOOLS_BIN)
+	GOBIN=$(TOOLS_BIN) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	touch $@
+
+tools: $(TOOLS_BIN)/.helm-$(HELM_VERSION) $(TOOLS_BIN)/.kustomize-$(KUSTOMIZE_VERSION)
 
 testbed: venv
 	@for v in $(K8S_VERSIONS); do \
@@ -53,16 +71,16 @@ layers: venv
 
 check: lint typecheck layers
 
-unit: venv proto
+unit: venv proto tools
 	$(PY) -m pytest tests/unit
 
-integration: venv proto testbed
+integration: venv proto tools testbed
 	@for v in $(K8S_VERSIONS); do \
 		echo "== integration on Kubernetes $$v"; \
 		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/integration || exit 1; \
 	done
 
-e2e: venv proto testbed
+e2e: venv proto tools testbed
 	@for v in $(K8S_VERSIONS); do \
 		echo "== e2e on Kubernetes $$v"; \
 		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/e2e || exit 1; \
@@ -73,7 +91,7 @@ gpu: venv proto
 	MIGPART_GPU=1 $(PY) -m pytest -m gpu tests/gpu tests/unit/agent
 
 # Unit tests once, then the integration and e2e suites on each Kubernetes version.
-test: venv proto testbed
+test: venv proto tools testbed
 	$(PY) -m pytest tests --ignore=tests/integration --ignore=tests/e2e
 	@for v in $(K8S_VERSIONS); do \
 		echo "== integration and e2e on Kubernetes $$v"; \
