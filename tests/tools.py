@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,15 +39,15 @@ def run(name: str, *args: str, check: bool = True) -> subprocess.CompletedProces
     return proc
 
 
-def docs(text: str) -> list[dict[str, object]]:
+def docs(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
-def helm_template(*args: str, namespace: str = "migpart-system") -> list[dict[str, object]]:
+def helm_template(*args: str, namespace: str = "migpart-system") -> list[dict[str, Any]]:
     """The objects `helm template` renders from the chart with these extra arguments."""
     out = run("helm", "template", "migpart", str(CHART), "--namespace", namespace, *args).stdout
     return docs(out)
 
 
-def kustomize_build(directory: Path = MANIFESTS) -> list[dict[str, object]]:
+def kustomize_build(directory: Path = MANIFESTS) -> list[dict[str, Any]]:
     return docs(run("kustomize", "build", str(directory)).stdout)

@@ -145,8 +145,8 @@ def test_server_side_dry_run_of_the_rendered_chart(bed: Testbed, name: str) -> N
 
 def test_samples_pass_a_server_side_dry_run_once_the_crds_exist(bed: Testbed) -> None:
     """The samples are custom objects: their dry-run needs migpart's CRDs served."""
-    for crd in sorted((ROOT / "crds").glob("*.yaml")):
-        bed.kubectl("apply", "--server-side", "-f", str(crd))
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        bed.kubectl("apply", "--server-side", "-f", str(path))
     bed.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{c}" for c in MIGPART_CRDS)
     )
@@ -158,6 +158,7 @@ def test_samples_pass_a_server_side_dry_run_once_the_crds_exist(bed: Testbed) ->
 
 
 def test_helm_install_dry_run_refuses_bad_values_naming_them(bed: Testbed, tmp_path: Path) -> None:
+    create_namespace(bed, "migpart-system")
     for values, named in (
         ({"agent": {"metricsPort": "8081"}}, "metricsPort"),
         ({"agent": {"kubeletRootdir": "/var/lib/kubelet"}}, "kubeletRootdir"),

@@ -25,7 +25,7 @@ AGENT_USER = "system:serviceaccount:{}:migpart-agent"
 
 
 def render(*args: str, namespace: str = "migpart-system") -> list[Doc]:
-    return helm_template("--kube-version=1.34.4", *args, namespace=namespace)  # type: ignore[return-value]
+    return helm_template("--kube-version=1.34.4", *args, namespace=namespace)
 
 
 def with_values(tmp_path: Path, values: Doc, namespace: str = "migpart-system") -> list[Doc]:
@@ -52,6 +52,7 @@ def pod_spec(docs: list[Doc], kind: str) -> Doc:
 
 
 def container(docs: list[Doc], kind: str) -> Doc:
+    found: Doc
     (found,) = pod_spec(docs, kind)["containers"]
     return found
 
@@ -104,9 +105,14 @@ def test_image_digest_replaces_the_tag(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ per component
 
 
+# Helm merges a map of a values file into the default one: a key set to null removes a default
+# (the agent's nvidia.com/gpu.present selector, the cpu limit).
 COMPONENT = {
     "logLevel": "DEBUG",
-    "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "2Gi"}},
+    "resources": {
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"cpu": None, "memory": "2Gi"},
+    },
     "nodeSelector": {"pool": "system"},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "x", "effect": "NoExecute"}],
     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}},
@@ -127,16 +133,21 @@ def test_component_values(
     component: str, kind: str, extra_arg: str, dest: str, parsed: float, tmp_path: Path
 ) -> None:
     values = {component: {**COMPONENT, "extraArgs": [extra_arg], "metricsPort": 9400}}
+    if component == "agent":
+        values[component]["nodeSelector"] = {"pool": "system", "nvidia.com/gpu.present": None}
     docs = with_values(tmp_path, values)
     spec = pod_spec(docs, kind)
-    assert spec["nodeSelector"] == COMPONENT["nodeSelector"]
+    assert spec["nodeSelector"] == {"pool": "system"}
     assert spec["tolerations"] == COMPONENT["tolerations"]
     assert spec["affinity"] == COMPONENT["affinity"]
     assert spec["priorityClassName"] == "migpart-critical"
     template = one(docs, kind)["spec"]["template"]["metadata"]
     assert template["annotations"] == COMPONENT["podAnnotations"]
     main = container(docs, kind)
-    assert main["resources"] == COMPONENT["resources"]
+    assert main["resources"] == {
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"memory": "2Gi"},
+    }
     assert env(docs, kind)["EXTRA"] == {"name": "EXTRA", "value": "1"}
     parsed_args = args(docs, kind)
     assert parsed_args.log_level == "DEBUG"
