@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,9 +39,10 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
     """A control plane of its own with migpart installed from the chart, its operator running,
     and a namespace for the workload."""
     with running_testbed(tmp_path_factory) as bed:
-        local = LocalCluster(bed, tmp_path_factory.mktemp("uninstall"))
+        # short names: kubelet's plugin sockets live below this directory (107-byte limit)
+        local = LocalCluster(bed, tmp_path_factory.mktemp("un"))
         try:
-            yield Scenario(local, "workload", "uninstall", InvariantMonitor(bed))
+            yield Scenario(local, "workload", "un", InvariantMonitor(bed))
         finally:
             local.stop()
 
@@ -59,7 +59,7 @@ def apply_list(scenario: Scenario, docs: list[dict[str, Any]], *verb: str) -> No
     scenario.tb.kubectl(*verb, "-f", "-", input=body)
 
 
-def test_uninstall_leaves_running_pods_their_devices(scenario: Scenario, tmp_path: Path) -> None:
+def test_uninstall_leaves_running_pods_their_devices(scenario: Scenario) -> None:
     tb = scenario.tb
     tb.kubectl("create", "namespace", NAMESPACE)
     tb.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=privileged")
@@ -103,3 +103,20 @@ def test_uninstall_leaves_running_pods_their_devices(scenario: Scenario, tmp_pat
     assert not tb.kubectl("get", "crd", "-o", "name").count("migpart.io")
     assert scenario.phase("served") == "Running"
     assert scenario.allocated("served") == devices
+
+    # The pod ends after migpart is gone. It is deleted and so is its claim, but with no DRA
+    # plugin to call, the kubelet cannot unprepare the claim ("DRA driver mig.migpart.io is
+    # not registered" in its log): the claim's CDI spec and checkpoint entry stay on the node.
+    pod = scenario.get("pod", "served", "-n", scenario.namespace)
+    claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    scenario.finish("served")
+    for kind, name in (("pod", "served"), ("resourceclaim", claim)):
+        scenario.eventually(f"{kind} {name} deleted", lambda k=kind, n=name: gone(scenario, k, n))
+    node_dir = scenario.cluster.nodes[node].dir
+    assert list((node_dir / "cdi").glob("mig.migpart.io-*.json"))
+    assert json.loads((node_dir / "state" / "checkpoint.json").read_text())["claims"]
+
+
+def gone(scenario: Scenario, kind: str, name: str) -> bool:
+    args = ("get", kind, name, "-n", scenario.namespace, "--ignore-not-found")
+    return not scenario.tb.kubectl(*args).strip()
