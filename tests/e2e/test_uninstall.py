@@ -115,6 +115,9 @@ def test_uninstall_leaves_running_pods_their_devices(scenario: Scenario) -> None
     node_dir = scenario.cluster.nodes[node].dir
     assert list((node_dir / "cdi").glob("mig.migpart.io-*.json"))
     assert json.loads((node_dir / "state" / "checkpoint.json").read_text())["claims"]
+    # The GPU (the simulator's NVML, saved where the agent left it) still has the instance.
+    gpu = json.loads((node_dir / "state" / "simulated-nvml.json").read_text())["0"]
+    assert [i["profile"] for i in gpu] == ["3g.40gb"]
 
 
 def gone(scenario: Scenario, kind: str, name: str) -> bool:

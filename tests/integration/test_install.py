@@ -183,8 +183,14 @@ def assert_agents_confined(bed: Testbed, namespace: str, leases: bool = True) ->
     for node in NODES:
         agent_pod(bed, f"agent-{node}", node, namespace=namespace)
     token = account_token(bed, AGENT, f"agent-{a}", namespace=namespace)
+
+    def refused() -> bool:
+        code, body = create_mignode(bed, token, b)
+        assert code == 403, f"the agent of node {a} in {namespace} wrote MigNode {b}: {body}"
+        return True
+
     # The API server loads a new policy asynchronously: wait until it refuses.
-    eventually(lambda: create_mignode(bed, token, b)[0] == 403)
+    eventually(refused)
     message = forbidden(create_mignode(bed, token, b))
     assert f"the migpart agent of node {a} may write only MigNode {a}, not {b}" in message
     assert create_mignode(bed, token, a)[0] == 201
