@@ -23,6 +23,7 @@ help:
 	@echo "make demo   - local control plane, simulated H100 nodes, operator + agents, trace replay"
 	@echo "make test   - install, build the testbed (cached), run unit, integration and e2e tests"
 	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter"
+	@echo "make tools  - helm and kustomize for the chart tests, into \$$MIGPART_CACHE/tools/bin"
 	@echo "make bench  - planner benchmark (bench/planner.py)"
 	@echo "make chaos  - faults (agent/operator kills, NVML failures, ...) under a pod stream (bench/chaos.py)"
 	@echo "make bench-scale - end to end on the testbed at 100, 300, 1,000 simulated nodes (bench/scale.py)"
