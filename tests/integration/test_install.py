@@ -7,9 +7,10 @@ kustomize manifests, in migpart-system and in other namespaces.
   applied first and the dry-run checks the objects against their schemas.
 - `helm install --dry-run=server` refuses a values file with a wrong type or an unknown key,
   naming it.
-- Installed into another namespace, by a kustomize overlay (`namespace: gpu-system`) and by
-  the chart, the admission policy still refuses an agent's write to another node's MigNode
-  and Lease, made with the agent's own bound token.
+- Installed into another namespace, by a kustomize overlay (`namespace: gpu-system`, alone
+  and with the replacements docs/deploy.md gives) and by the chart, the admission policy
+  still refuses an agent's write to another node's MigNode and Lease, made with the agent's
+  own bound token.
 
 The module runs its own control plane: it installs and removes migpart's cluster-scoped
 objects (CRDs, ClusterRoles, the admission policy), which the other integration tests share.
@@ -213,33 +214,56 @@ def assert_lease_confined(bed: Testbed, token: str) -> None:
     assert f"may write only Lease {lease_name(a)}, not {lease_name(b)}" in message
 
 
+# docs/deploy.md#another-namespace: the overlay's replacements that keep the Lease Roles and
+# RoleBindings in kube-node-lease, from manifests/lease-namespace.yaml (local-config).
+LEASE_REPLACEMENTS = yaml.safe_load("""
+- source: {kind: ConfigMap, name: migpart-lease-namespace, fieldPath: data.namespace}
+  targets:
+  - select: {kind: Role}
+    fieldPaths: [metadata.namespace]
+  - select: {kind: RoleBinding}
+    fieldPaths: [metadata.namespace]
+- source: {kind: Namespace, fieldPath: metadata.name}
+  targets:
+  - select: {kind: RoleBinding}
+    fieldPaths: [subjects.0.namespace]
+""")
+
+
+@pytest.mark.parametrize(
+    ("namespace", "keep_leases"),
+    [("gpu-system", False), ("gpu-ops", True)],
+    ids=["namespace-only", "with-replacements"],
+)
 def test_kustomize_overlay_in_another_namespace_keeps_agents_confined(
-    bed: Testbed, tmp_path: Path
+    bed: Testbed, tmp_path: Path, namespace: str, keep_leases: bool
 ) -> None:
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "namespace": "gpu-system",
+        "namespace": namespace,
         "resources": [os.path.relpath(MANIFESTS, overlay)],
+        **({"replacements": LEASE_REPLACEMENTS} if keep_leases else {}),
     }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     manifest = run("kustomize", "build", str(overlay)).stdout
     assert "migpart-system" not in manifest
+    built = [d for d in yaml.safe_load_all(manifest) if d]
+    lease_rbac = {d["metadata"]["namespace"] for d in built if d["kind"] in ("Role", "RoleBinding")}
+    # `namespace:` alone moves them too: the agents could not renew their Leases
+    assert lease_rbac == ({LEASE_NAMESPACE} if keep_leases else {namespace})
     (tmp_path / "built.yaml").write_text(manifest)
     bed.kubectl("apply", "--server-side", "-f", str(tmp_path / "built.yaml"))
     bed.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{c}" for c in MIGPART_CRDS)
     )
-    # kustomize's `namespace:` moves every namespaced object, the agents' Lease Role and
-    # RoleBinding in kube-node-lease too (docs/deploy.md#another-namespace): the Lease rule is
-    # checked with the chart, which keeps them there.
-    assert_agents_confined(bed, "gpu-system", leases=False)
+    assert_agents_confined(bed, namespace, leases=keep_leases)
     # Removed as `kubectl delete -k` would; the operator's pod, bound to a Node without a
     # kubelet here, is never confirmed gone, so only the CRDs are waited for.
     bed.kubectl("delete", "-f", str(tmp_path / "built.yaml"), "--wait=false")
-    bed.kubectl("delete", "pods", "--all", "-n", "gpu-system", "--force", "--grace-period=0")
+    bed.kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0")
     bed.kubectl("wait", "--for=delete", "--timeout=120s", *(f"crd/{c}" for c in MIGPART_CRDS))
 
 

@@ -38,6 +38,7 @@ KNOWN_KINDS = {
     ("v1", "Namespace"),
     ("v1", "ServiceAccount"),
     ("v1", "Service"),
+    ("v1", "ConfigMap"),  # lease-namespace.yaml: local-config, for overlays
     ("v1", "Pod"),
     ("apps/v1", "Deployment"),
     ("apps/v1", "DaemonSet"),
@@ -149,8 +150,14 @@ def installed_files() -> list[Path]:
     return sorted(walk(MANIFESTS))
 
 
+def local_config(doc: Doc) -> bool:
+    """kustomize reads it (replacements) and leaves it out of what it builds."""
+    annotations = doc["metadata"].get("annotations", {})
+    return bool(annotations.get("config.kubernetes.io/local-config") == "true")
+
+
 def installed() -> list[Doc]:
-    return [doc for path in installed_files() for doc in load(path)]
+    return [doc for path in installed_files() for doc in load(path) if not local_config(doc)]
 
 
 def of_kind(kind: str, docs: list[Doc] | None = None) -> list[Doc]:
