@@ -10,12 +10,18 @@ export MIGPART_CACHE ?= $(HOME)/.cache/migpart
 # without installing it: the package would start a Prometheus server.
 PROMTOOL ?= $(MIGPART_CACHE)/tools/bin/promtool
 export PROMTOOL
+# helm and kustomize for the chart tests (tests/tools.py finds them here), built from the Go
+# module proxy by `make tools`, cached outside the repo. A stamp per version rebuilds them
+# when a version below changes.
+TOOLS_BIN := $(MIGPART_CACHE)/tools/bin
+HELM_VERSION ?= v4.3.1
+KUSTOMIZE_VERSION ?= v5.8.2
 # Every Kubernetes version the integration and e2e suites run on: the oldest supported and
 # the newest. MIGPART_K8S_VERSION picks one for a single run (default: the newest).
 K8S_VERSIONS ?= 1.34.4 1.37.2
 DEMO_K8S_VERSION ?= 1.37.2
 
-.PHONY: help venv proto testbed promtool check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean image lock
+.PHONY: help venv proto testbed promtool tools check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean image lock
 
 help:
 	@echo "make demo   - local control plane, simulated H100 nodes, operator + agents, trace replay"
@@ -23,6 +29,7 @@ help:
 	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter"
 	@echo "make image  - the OCI image with buildah, no registry needed: dist/migpart-VERSION.oci.tar"
 	@echo "make lock   - regenerate the image's hash-pinned locks (requirements/) from PyPI"
+	@echo "make tools  - helm and kustomize for the chart tests, into \$$MIGPART_CACHE/tools/bin"
 	@echo "make bench  - planner benchmark (bench/planner.py)"
 	@echo "make chaos  - faults (agent/operator kills, NVML failures, ...) under a pod stream (bench/chaos.py)"
 	@echo "make bench-scale - end to end on the testbed at 100, 300, 1,000 simulated nodes (bench/scale.py)"
@@ -49,6 +56,18 @@ $(PROMTOOL):
 
 promtool: $(PROMTOOL)
 
+$(TOOLS_BIN)/.helm-$(HELM_VERSION):
+	mkdir -p $(TOOLS_BIN)
+	GOBIN=$(TOOLS_BIN) go install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+	touch $@
+
+$(TOOLS_BIN)/.kustomize-$(KUSTOMIZE_VERSION):
+	mkdir -p $(TOOLS_BIN)
+	GOBIN=$(TOOLS_BIN) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	touch $@
+
+tools: $(TOOLS_BIN)/.helm-$(HELM_VERSION) $(TOOLS_BIN)/.kustomize-$(KUSTOMIZE_VERSION)
+
 testbed: venv
 	@for v in $(K8S_VERSIONS); do \
 		MIGPART_K8S_VERSION=$$v $(PY) -m migpart.cli testbed build || exit 1; \
@@ -70,16 +89,16 @@ layers: venv
 
 check: lint typecheck layers
 
-unit: venv proto promtool
+unit: venv proto promtool tools
 	$(PY) -m pytest tests/unit
 
-integration: venv proto testbed
+integration: venv proto tools testbed
 	@for v in $(K8S_VERSIONS); do \
 		echo "== integration on Kubernetes $$v"; \
 		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/integration || exit 1; \
 	done
 
-e2e: venv proto testbed image
+e2e: venv proto tools testbed image
 	@for v in $(K8S_VERSIONS); do \
 		echo "== e2e on Kubernetes $$v"; \
 		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/e2e || exit 1; \
@@ -90,7 +109,7 @@ gpu: venv proto
 	MIGPART_GPU=1 $(PY) -m pytest -m gpu tests/gpu tests/unit/agent
 
 # Unit tests once, then the integration and e2e suites on each Kubernetes version.
-test: venv proto promtool testbed image
+test: venv proto promtool tools testbed image
 	$(PY) -m pytest tests --ignore=tests/integration --ignore=tests/e2e
 	@for v in $(K8S_VERSIONS); do \
 		echo "== integration and e2e on Kubernetes $$v"; \

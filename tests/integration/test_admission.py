@@ -30,11 +30,12 @@ NODES = ("adm-node-a", "adm-node-b")
 MIGNODES = "/apis/migpart.io/v1alpha1/mignodes"
 
 
-def _agent_pod(bed: Testbed, name: str, node: str) -> None:
+def agent_pod(bed: Testbed, name: str, node: str, namespace: str = NAMESPACE) -> None:
+    """A pod of the agent's service account bound to `node` (it never runs: no kubelet)."""
     body = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "nodeName": node,
             "serviceAccountName": AGENT,
@@ -44,12 +45,15 @@ def _agent_pod(bed: Testbed, name: str, node: str) -> None:
     bed.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(body))
 
 
-def _token(bed: Testbed, account: str, pod: str | None = None) -> str:
+def account_token(
+    bed: Testbed, account: str, pod: str | None = None, namespace: str = NAMESPACE
+) -> str:
+    """A TokenRequest of `account`, bound to `pod` (as kubelet mounts it) when one is given."""
     bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod] if pod else []
-    return bed.kubectl("create", "token", account, "-n", NAMESPACE, *bound).strip()
+    return bed.kubectl("create", "token", account, "-n", namespace, *bound).strip()
 
 
-def _call(bed: Testbed, token: str, method: str, path: str, body: Any) -> tuple[int, str]:
+def call(bed: Testbed, token: str, method: str, path: str, body: Any) -> tuple[int, str]:
     """One API request with `token`; (HTTP status, response body)."""
     request = urllib.request.Request(
         f"{bed.server}{path}",
@@ -72,17 +76,17 @@ def _call(bed: Testbed, token: str, method: str, path: str, body: Any) -> tuple[
         return error.code, error.read().decode()
 
 
-def _create(bed: Testbed, token: str, node: str) -> tuple[int, str]:
+def create_mignode(bed: Testbed, token: str, node: str) -> tuple[int, str]:
     body = {"apiVersion": "migpart.io/v1alpha1", "kind": "MigNode", "metadata": {"name": node}}
-    return _call(bed, token, "POST", MIGNODES, body)
+    return call(bed, token, "POST", MIGNODES, body)
 
 
 def _patch_status(bed: Testbed, token: str, node: str) -> tuple[int, str]:
     status = {"gpus": [gpu_status(0, []).model_dump(by_alias=True, mode="json")]}
-    return _call(bed, token, "PATCH", f"{MIGNODES}/{node}/status", {"status": status})
+    return call(bed, token, "PATCH", f"{MIGNODES}/{node}/status", {"status": status})
 
 
-def _forbidden(result: tuple[int, str]) -> str:
+def forbidden(result: tuple[int, str]) -> str:
     code, body = result
     assert code == 403, (code, body)
     message: str = json.loads(body)["message"]
@@ -94,11 +98,11 @@ def tokens(installed: Testbed) -> Iterator[dict[str, str]]:
     """One bound agent token per node, as kubelet would mount into each node's agent pod."""
     for node in NODES:
         installed.add_node(node)
-        _agent_pod(installed, f"agent-{node}", node)
+        agent_pod(installed, f"agent-{node}", node)
     # The API server loads a new policy asynchronously: wait until it denies.
-    probe = _token(installed, AGENT, f"agent-{NODES[0]}")
-    eventually(lambda: _create(installed, probe, "adm-probe")[0] == 403)
-    yield {node: _token(installed, AGENT, f"agent-{node}") for node in NODES}
+    probe = account_token(installed, AGENT, f"agent-{NODES[0]}")
+    eventually(lambda: create_mignode(installed, probe, "adm-probe")[0] == 403)
+    yield {node: account_token(installed, AGENT, f"agent-{node}") for node in NODES}
     installed.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--force", "--grace-period=0")
     installed.kubectl("delete", "mignodes", *NODES, "--ignore-not-found")
 
@@ -107,7 +111,7 @@ def test_agent_writes_its_own_mignode_and_status(
     installed: Testbed, tokens: dict[str, str]
 ) -> None:
     a, _ = NODES
-    assert _create(installed, tokens[a], a)[0] in (201, 409)
+    assert create_mignode(installed, tokens[a], a)[0] in (201, 409)
     code, body = _patch_status(installed, tokens[a], a)
     assert code == 200, body
     mignode = json.loads(installed.kubectl("get", "mignode", a, "-o", "json"))
@@ -119,13 +123,13 @@ def test_agent_is_forbidden_the_other_nodes_mignode(
 ) -> None:
     a, b = NODES
     installed.kubectl("delete", "mignode", b, "--ignore-not-found")
-    message = _forbidden(_create(installed, tokens[a], b))
+    message = forbidden(create_mignode(installed, tokens[a], b))
     assert f"the migpart agent of node {a} may write only MigNode {a}, not {b}" in message
     assert not installed.kubectl("get", "mignode", b, "--ignore-not-found").strip()
 
     # B's own agent creates it; A still cannot write its status.
-    assert _create(installed, tokens[b], b)[0] == 201
-    message = _forbidden(_patch_status(installed, tokens[a], b))
+    assert create_mignode(installed, tokens[b], b)[0] == 201
+    message = forbidden(_patch_status(installed, tokens[a], b))
     assert f"may write only MigNode {a}, not {b}" in message
     assert "status" not in json.loads(installed.kubectl("get", "mignode", b, "-o", "json"))
 
@@ -134,20 +138,20 @@ def test_agent_token_bound_to_no_pod_writes_no_mignode(
     installed: Testbed, tokens: dict[str, str]
 ) -> None:
     a, _ = NODES
-    _create(installed, tokens[a], a)
-    unbound = _token(installed, AGENT)
-    assert "names no node" in _forbidden(_patch_status(installed, unbound, a))
-    assert "names no node" in _forbidden(_create(installed, unbound, "adm-node-c"))
+    create_mignode(installed, tokens[a], a)
+    unbound = account_token(installed, AGENT)
+    assert "names no node" in forbidden(_patch_status(installed, unbound, a))
+    assert "names no node" in forbidden(create_mignode(installed, unbound, "adm-node-c"))
 
 
 def test_policy_does_not_bind_the_operator(installed: Testbed, tokens: dict[str, str]) -> None:
     """The operator writes every node's spec; its token names no node."""
     for node in NODES:
-        _create(installed, tokens[node], node)
-    operator = _token(installed, OPERATOR)
+        create_mignode(installed, tokens[node], node)
+    operator = account_token(installed, OPERATOR)
     for node in NODES:
         spec = {"spec": {"planId": "adm-test", "gpus": []}}
-        code, body = _call(installed, operator, "PATCH", f"{MIGNODES}/{node}", spec)
+        code, body = call(installed, operator, "PATCH", f"{MIGNODES}/{node}", spec)
         assert code == 200, body
 
 
@@ -168,13 +172,13 @@ def test_agent_renews_only_its_own_nodes_lease(installed: Testbed, tokens: dict[
         installed.kubectl(
             "delete", "lease", lease_name(node), "-n", LEASE_NAMESPACE, "--ignore-not-found"
         )
-    code, body = _call(installed, tokens[a], "POST", leases, _lease(a, lease_name(a)))
+    code, body = call(installed, tokens[a], "POST", leases, _lease(a, lease_name(a)))
     assert code == 201, body
-    message = _forbidden(_call(installed, tokens[a], "POST", leases, _lease(a, lease_name(b))))
+    message = forbidden(call(installed, tokens[a], "POST", leases, _lease(a, lease_name(b))))
     assert f"may write only Lease {lease_name(a)}, not {lease_name(b)}" in message
-    assert _call(installed, tokens[b], "POST", leases, _lease(b, lease_name(b)))[0] == 201
+    assert call(installed, tokens[b], "POST", leases, _lease(b, lease_name(b)))[0] == 201
     current = json.loads(
         installed.kubectl("get", "lease", lease_name(b), "-n", LEASE_NAMESPACE, "-o", "json")
     )
-    message = _forbidden(_call(installed, tokens[a], "PUT", f"{leases}/{lease_name(b)}", current))
+    message = forbidden(call(installed, tokens[a], "PUT", f"{leases}/{lease_name(b)}", current))
     assert f"not {lease_name(b)}" in message

@@ -38,6 +38,7 @@ KNOWN_KINDS = {
     ("v1", "Namespace"),
     ("v1", "ServiceAccount"),
     ("v1", "Service"),
+    ("v1", "ConfigMap"),  # lease-namespace.yaml: local-config, for overlays
     ("v1", "Pod"),
     ("apps/v1", "Deployment"),
     ("apps/v1", "DaemonSet"),
@@ -67,7 +68,7 @@ INSTALLED_KINDS = {
     "RoleBinding": 2,
     "Deployment": 1,
     "DaemonSet": 1,
-    "Service": 1,
+    "Service": 2,  # the operator's and the agents' metrics
     "ValidatingAdmissionPolicy": 1,
     "ValidatingAdmissionPolicyBinding": 1,
 }
@@ -124,7 +125,7 @@ AGENT_NEEDS = {
 
 
 def yaml_files() -> list[Path]:
-    """The kustomize manifests (the Helm chart's files are not Kubernetes objects)."""
+    """The kustomize manifests (the Helm chart's templates are checked in test_chart*.py)."""
     return sorted(
         p for p in MANIFESTS.rglob("*.yaml") if "helm" not in p.relative_to(MANIFESTS).parts
     )
@@ -149,8 +150,14 @@ def installed_files() -> list[Path]:
     return sorted(walk(MANIFESTS))
 
 
+def local_config(doc: Doc) -> bool:
+    """kustomize reads it (replacements) and leaves it out of what it builds."""
+    annotations = doc["metadata"].get("annotations", {})
+    return bool(annotations.get("config.kubernetes.io/local-config") == "true")
+
+
 def installed() -> list[Doc]:
-    return [doc for path in installed_files() for doc in load(path)]
+    return [doc for path in installed_files() for doc in load(path) if not local_config(doc)]
 
 
 def of_kind(kind: str, docs: list[Doc] | None = None) -> list[Doc]:
@@ -559,13 +566,26 @@ def test_docs_explain_every_event_reason(doc: str) -> None:
     assert not {r for r in reasons if r not in text}, doc
 
 
-def test_admission_policy_names_the_agents_service_account() -> None:
-    """The policy's match condition is the agent's user name: a renamed service account or
-    namespace would silently switch the policy off (tests/integration/test_admission.py checks
-    what it does on a real API server)."""
+def test_admission_policy_matches_the_agents_service_account_in_any_namespace() -> None:
+    """The policy's match condition is the agent's user name in whichever namespace it runs: a
+    namespace written into the policy is one that an overlay (`namespace: gpu-system`) leaves
+    behind, silently switching the policy off (tests/integration/test_install.py checks it on
+    a real API server). CEL's matches() is RE2; the pattern is anchored, as Python reads it."""
     (policy,) = of_kind("ValidatingAdmissionPolicy")
     (binding,) = of_kind("ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     (condition,) = policy["spec"]["matchConditions"]
-    assert f'"system:serviceaccount:{NAMESPACE}:{AGENT_SA}"' in condition["expression"]
+    found = re.fullmatch(r'request\.userInfo\.username\.matches\("(.+)"\)', condition["expression"])
+    assert found, condition["expression"]
+    pattern = found.group(1)
+    assert NAMESPACE not in pattern
+    for namespace in (NAMESPACE, "gpu-system"):
+        assert re.search(pattern, f"system:serviceaccount:{namespace}:{AGENT_SA}")
+    for user in (
+        f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}",
+        f"system:serviceaccount:{NAMESPACE}:x-{AGENT_SA}",
+        f"system:serviceaccount:{NAMESPACE}:{AGENT_SA}-x",
+        f"{AGENT_SA}",
+    ):
+        assert not re.search(pattern, user), user

@@ -7,8 +7,10 @@ pydantic's JSON schema is not a valid CRD schema as it is: CRDs reject `$ref`, `
 no `anyOf` carrying types) and `structural_problems` checks that, so that a model change which
 the API server would refuse fails a unit test instead.
 
-    python -m migpart.api.crdgen --write crds/ --write manifests/crds/   # regenerate
-    python -m migpart.api.crdgen --check crds/ --check manifests/crds/   # exit 1 on drift
+    python -m migpart.api.crdgen --write crds/ --write manifests/crds/ \
+        --write manifests/helm/migpart/generated-crds/                     # regenerate
+    python -m migpart.api.crdgen --check crds/ --check manifests/crds/ \
+        --check manifests/helm/migpart/generated-crds/                     # exit 1 on drift
 """
 
 from __future__ import annotations
@@ -294,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     if drift:
         print(
             f"out of date: {', '.join(drift)}; run"
-            " python -m migpart.api.crdgen --write crds/ --write manifests/crds/",
+            " python -m migpart.api.crdgen --write crds/ --write manifests/crds/"
+            " --write manifests/helm/migpart/generated-crds/",
             file=sys.stderr,
         )
         return 1

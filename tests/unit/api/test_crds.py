@@ -28,10 +28,13 @@ def _schema(crd: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-@pytest.mark.parametrize("directory", ["crds", "manifests/crds"])
+@pytest.mark.parametrize(
+    "directory", ["crds", "manifests/crds", "manifests/helm/migpart/generated-crds"]
+)
 def test_crd_files_match_the_models(directory: str) -> None:
     """Fails when the models changed and nobody ran
-    `python -m migpart.api.crdgen --write crds/ --write manifests/crds/`."""
+    `python -m migpart.api.crdgen --write crds/ --write manifests/crds/
+    --write manifests/helm/migpart/generated-crds/`."""
     for name, text in render().items():
         assert (REPO / directory / name).read_text() == text, f"{directory}/{name} is stale"
     assert main(["--check", str(REPO / directory)]) == 0
