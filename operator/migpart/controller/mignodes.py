@@ -104,9 +104,11 @@ class MigNodeWatch(Index):
             await self._slices_listed.wait()
             while name in self:  # not deleted meanwhile
                 self._again.discard(name)
+                if not self.state.leading():
+                    return  # a standby writes nothing; taking over publishes every node
                 async with self._publishing:
                     try:
-                        await self.state.publisher.publish(name)
+                        await self.state.effects.publish(name)
                     except (ApiException, MigpartError, TimeoutError) as error:
                         log.warning(
                             "resource_slice_write_failed", node=name, error=str(error)[:300]
