@@ -257,6 +257,13 @@ class InMemoryMigNodes:
             self.warnings.append((reason, message))
             self._written.notify_all()
 
+    async def wait_for_warning(self) -> tuple[str, str]:
+        """The first Warning Event posted (existing or future)."""
+        async with self._written:
+            while not self.warnings:
+                await self._written.wait()
+            return self.warnings[0]
+
     async def wait_for(self, predicate: Any) -> MigNodeStatus:
         """The first recorded status (existing or future) for which `predicate` is true."""
         async with self._written:
