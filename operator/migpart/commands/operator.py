@@ -26,7 +26,7 @@ from migpart.controller.health import REGISTRATION_GRACE_S, await_crds, serve
 from migpart.controller.metrics import Metrics
 from migpart.kube.client import api_client, load_configuration
 from migpart.kube.election import LEASE_DURATION_S as ELECTION_LEASE_S
-from migpart.kube.election import LEASE_NAME, RENEW_DEADLINE_S, RETRY_PERIOD_S
+from migpart.kube.election import LEASE_NAME, RENEW_DEADLINE_S, RETRY_PERIOD_S, new_identity
 
 log = structlog.get_logger(__name__)
 
@@ -120,6 +120,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"account's namespace, else {DEFAULT_NAMESPACE})",
     )
     p.add_argument("--leader-elect-lease-name", default=LEASE_NAME, help=argparse.SUPPRESS)
+    # tests and the chaos harness name their operators; by default hostname + random
+    p.add_argument("--leader-elect-identity", default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--leader-elect-lease-duration",
         type=_positive_seconds,
@@ -158,6 +160,7 @@ def election(args: argparse.Namespace) -> Election | None:
     return Election(
         namespace=args.leader_elect_namespace or own_namespace(),
         name=args.leader_elect_lease_name,
+        identity=args.leader_elect_identity or new_identity(),
         lease_duration_s=args.leader_elect_lease_duration,
         renew_deadline_s=args.leader_elect_renew_deadline,
         retry_s=args.leader_elect_retry_period,
