@@ -505,14 +505,14 @@ class SlicePublisher:
             current = self._slices.get(name)
             if current is not None and current.digest == digest:  # the resync's usual case
                 return Published(name, current.generation, False, names, current.resource_version)
+            if current is None and not create:
+                return Published(name, self._floors.get(name, 0), False, frozenset(), None)
+            if fence is not None:
+                fence()  # nothing awaited from here to the request
             api = CustomObjectsApi(self.api)
             if current is None:
-                if not create:
-                    return Published(name, self._floors.get(name, 0), False, frozenset(), None)
                 generation = self._floors.get(name, 0) + 1
                 body = slice_body(name, devices, generation, owner, digest=digest)
-                if fence is not None:
-                    fence()
                 try:
                     created = await api.create_cluster_custom_object(
                         RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, body
@@ -526,8 +526,6 @@ class SlicePublisher:
                 return Published(name, state.generation, True, names, state.resource_version)
             generation = current.generation + 1
             body = slice_body(name, devices, generation, owner, current.resource_version, digest)
-            if fence is not None:
-                fence()
             try:
                 replaced = await api.replace_cluster_custom_object(
                     RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, slice_name(name), body
