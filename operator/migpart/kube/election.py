@@ -324,6 +324,11 @@ class LeaderElector:
             written = await self.store.update(record)
         except Conflict:
             return False
+        if leading and not self.holds(self._term):
+            # renewed, but only after the deadline (the process stalled with the request in
+            # flight): the term is over; the next attempt begins a new one, with a new token
+            self._lost("the renewal came back after the renew deadline")
+            return False
         return self._won(written, started)
 
     def _observe(self, record: LeaseRecord, at: float) -> None:

@@ -213,3 +213,28 @@ async def test_run_ends_the_term_when_renewals_fail_past_the_deadline() -> None:
     assert changes[0] is not None
     assert changes[1] is None
     assert not a.holds(changes[0])
+
+
+async def test_a_renewal_that_returns_after_the_deadline_ends_the_term() -> None:
+    """The process stalls with a renewal in flight: it succeeds, but too late to count; the
+    next attempt starts a new term with a new token, never the old one's."""
+    store, clock = InMemoryLeaseStore(), Clock()
+    a = candidate(store, "a", clock)
+    await a.try_acquire_or_renew()
+    old = a.current()
+    update = store.update
+
+    async def stalled(record: LeaseRecord) -> LeaseRecord:
+        clock.now += 12  # frozen while the request was out
+        return await update(record)
+
+    store.update = stalled  # type: ignore[method-assign]
+    assert not await a.try_acquire_or_renew()
+    assert a.current() is None
+    store.update = update  # type: ignore[method-assign]
+    assert await a.try_acquire_or_renew()
+    new = a.current()
+    assert new is not None
+    assert old is not None
+    assert new is not old
+    assert new.token == 1
