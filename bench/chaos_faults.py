@@ -192,14 +192,13 @@ class ElectionFaults:
         return name
 
     def _leader_pid(self) -> tuple[str, int] | None:
-        """The process holding the Lease now, if it is one of ours."""
+        """The process holding the Lease now, if it is one of ours (the main operator runs
+        as "operator", named `operator-main-<n>` in the election)."""
         holder = self.monitor.last_holder
-        procs = {name: proc for name, (proc, _) in self.cluster._operators.items()}
-        if holder in procs:
-            return holder, procs[holder].pid
-        main = self.cluster._operator
-        if main is not None and holder and holder not in procs:
-            return holder, main[0].pid  # the main operator's identity is its own random one
+        procs = self.cluster.operators()
+        name = "operator" if holder.startswith("operator-main-") else holder
+        if name in procs:
+            return holder, procs[name].pid
         return None
 
     async def inject(self, kind: str) -> None:

@@ -238,6 +238,14 @@ class LocalCluster:
         )
         return self._operators[name][0]
 
+    def operators(self) -> dict[str, subprocess.Popen[bytes]]:
+        """Every operator process running: `start_operator`'s as "operator", and those of
+        `spawn_operator` by their names."""
+        running = {name: proc for name, (proc, _) in self._operators.items()}
+        if self._operator is not None:
+            running["operator"] = self._operator[0]
+        return running
+
     def end_operator(self, name: str, *, kill: bool = False) -> None:
         """SIGTERM (a clean exit: it releases its Lease) or SIGKILL an operator of
         `spawn_operator`."""
