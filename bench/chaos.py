@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import random
 import sys
@@ -70,7 +69,12 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client, config
 
-from chaos_faults import ELECTION_FAULTS, ElectionFaults, Proxy  # bench/, next to this script
+from chaos_faults import (
+    ELECTION_FAULTS,
+    ElectionFaults,
+    MainOperator,
+    Proxy,
+)  # bench/, next to this script
 from migpart.agent.simulator import LOST_FILE
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION, MigNodeSpec
 from migpart.demo.cluster import REPO, LocalCluster
@@ -106,7 +110,6 @@ FAULTS = (
 # instance in use (the monitor must count it).
 SELF_CHECKS = ("sabotage",)
 LEAK_S = 60.0
-MAIN_OPERATORS = itertools.count(1)
 STUCK_S = 120.0
 
 
@@ -207,7 +210,12 @@ def _status_devices(name: str, body: dict[str, Any]) -> set[str]:
 
 class Chaos:
     def __init__(
-        self, args: argparse.Namespace, cluster: LocalCluster, api: Any, proxy: Proxy
+        self,
+        args: argparse.Namespace,
+        cluster: LocalCluster,
+        api: Any,
+        proxy: Proxy,
+        main: MainOperator,
     ) -> None:
         self.args = args
         self.cluster = cluster
@@ -216,7 +224,7 @@ class Chaos:
         self.resource = client.ResourceV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.coordination = client.CoordinationV1Api(api)
-        self.election = ElectionFaults(self, proxy)
+        self.election = ElectionFaults(self, proxy, main)
         nodes = cluster.nodes.values()
         self.kubelet = SimKubelet(api, {n.name: n.plugin_socket for n in nodes})
         self.c = Counters()
@@ -396,7 +404,7 @@ class Chaos:
             self.cluster.kill_operator()
             self.c.notes.append(f"operator-kill ({'in window' if inside else 'outside'})")
             await asyncio.sleep(self.rng.uniform(1.0, 3.0))
-            start_operator(self.cluster)
+            self.election.main.start(self.cluster)
         elif kind in ("apiserver-restart", "etcd-restart"):
             name = "kube-apiserver" if kind == "apiserver-restart" else "etcd"
             down_s = self.rng.uniform(1.0, 3.0)
@@ -555,12 +563,6 @@ def nvml_faults(cluster: LocalCluster) -> Counter[str]:
     return out
 
 
-def start_operator(cluster: LocalCluster) -> None:
-    """The main operator, named for the election monitor (a new name per start, as a new
-    process has a new identity)."""
-    cluster.start_operator("--leader-elect-identity", f"operator-main-{next(MAIN_OPERATORS)}")
-
-
 def main(argv: list[str]) -> int:
     args = parse(argv)
     work = args.dir or Path(tempfile.mkdtemp(prefix="migpart-chaos-"))
@@ -604,8 +606,9 @@ def main(argv: list[str]) -> int:
             )
         cluster.wait_for("every agent to report its GPUs", lambda: agents_ready(cluster))
         testbed.kubectl("apply", "-f", "-", input=POLICY)
-        start_operator(cluster)
-        chaos = asyncio.run(_run(args, cluster, pods, table, proxy))
+        main_operator = MainOperator()
+        main_operator.start(cluster)
+        chaos = asyncio.run(_run(args, cluster, pods, table, proxy, main_operator))
     finally:
         cluster.stop()
         testbed.stop()
@@ -634,7 +637,12 @@ def main(argv: list[str]) -> int:
 
 
 async def _run(
-    args: argparse.Namespace, cluster: LocalCluster, pods: list[TracePod], table: Any, proxy: Proxy
+    args: argparse.Namespace,
+    cluster: LocalCluster,
+    pods: list[TracePod],
+    table: Any,
+    proxy: Proxy,
+    main: MainOperator,
 ) -> Chaos:
     api = await config.new_client_from_config(config_file=str(cluster.testbed.kubeconfig))
     try:
@@ -644,7 +652,7 @@ async def _run(
         for profile, n in sorted({(p.profile, p.count) for p in pods}):
             body: Any = claim_template(profile, n)
             await resource.create_namespaced_resource_claim_template(NAMESPACE, body)
-        chaos = Chaos(args, cluster, api, proxy)
+        chaos = Chaos(args, cluster, api, proxy, main)
         await chaos.run(pods)
         return chaos
     finally:

@@ -164,13 +164,28 @@ class ElectionMonitor:
                     self.violations.add(f"{identity} wrote {name} at {entry['time']}")
 
 
+class MainOperator:
+    """The harness's own operator (`LocalCluster.start_operator`), named for the election
+    monitor: a new name per start, as a new process is a new candidate."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+        self.identity = ""
+
+    def start(self, cluster: Any) -> None:
+        self.starts += 1
+        self.identity = f"operator-main-{self.starts}"
+        cluster.start_operator("--leader-elect-identity", self.identity)
+
+
 class ElectionFaults:
     """The faults above, on a `Chaos` (bench/chaos.py) whose cluster runs its operators
     through `proxy`."""
 
-    def __init__(self, chaos: Any, proxy: Proxy) -> None:
+    def __init__(self, chaos: Any, proxy: Proxy, main: MainOperator) -> None:
         self.chaos = chaos
         self.proxy = proxy
+        self.main = main
         self.monitor = ElectionMonitor()
         self._spawned = 0
 
@@ -192,11 +207,11 @@ class ElectionFaults:
         return name
 
     def _leader_pid(self) -> tuple[str, int] | None:
-        """The process holding the Lease now, if it is one of ours (the main operator runs
-        as "operator", named `operator-main-<n>` in the election)."""
+        """The process holding the Lease now, if it still runs (the main operator's process
+        is "operator" in `LocalCluster.operators`)."""
         holder = self.monitor.last_holder
         procs = self.cluster.operators()
-        name = "operator" if holder.startswith("operator-main-") else holder
+        name = "operator" if holder and holder == self.main.identity else holder
         if name in procs:
             return holder, procs[name].pid
         return None
