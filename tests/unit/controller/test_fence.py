@@ -11,12 +11,14 @@ import pytest
 
 from migpart.api.models import MigNode
 from migpart.controller import handlers
+from migpart.controller.decisions import refused_spec_repair
 from migpart.controller.effects import InMemoryEffects, Refused
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.state import OperatorState
 from migpart.errors import NotLeader
 from migpart.kube.election import InMemoryLeaseStore, LeaderElector, Unelected
 from migpart.kube.slices import SlicePublisher
+from migpart.mig import Instance
 from tests.unit.controller.factories import claim
 from tests.unit.controller.test_round import one_gpu, world
 
@@ -135,3 +137,41 @@ async def test_a_standby_publishes_no_slice_and_writes_no_condition() -> None:
     assert effects.published == ["a"]
     assert [(node, version) for node, version, _ in effects.conditions] == [("a", "5")]
     assert state.metrics.leader._value.get() == 1
+
+
+def refused(spec_term: int | None, status_term: int | None) -> MigNode:
+    body = one_gpu("a", 7, ("3g.40gb", 0, "Free"))
+    body["spec"] = {
+        "planId": "stale",
+        "gpus": [{"index": 0, "instances": [{"profile": "1g.10gb", "start": 0}]}],
+        **({"leaderTerm": spec_term} if spec_term is not None else {}),
+    }
+    body["status"]["observedPlanId"] = "applied"
+    if status_term is not None:
+        body["status"]["leaderTerm"] = status_term
+    return MigNode.model_validate(body)
+
+
+def test_a_refused_spec_is_replaced_by_what_the_agent_has() -> None:
+    """A stale leader's spec landed after the new leader's (token 4 < 5 applied): the agent
+    refused it, so the leader writes the node's actual layout under its applied planId."""
+    repaired = refused_spec_repair(refused(4, 5), token=5)
+    assert repaired is not None
+    assert repaired.plan_id == "applied"
+    assert repaired.desired() == {0: frozenset({Instance("3g.40gb", 0)})}
+
+
+@pytest.mark.parametrize(
+    ("spec_term", "status_term", "token"),
+    [
+        (5, 5, 5),  # applied (or about to be): nothing refused
+        (None, 5, 5),  # without a token: applied as before
+        (4, None, 5),  # the agent never applied a token
+        (4, 5, None),  # no election: nothing to fence
+        (4, 6, 5),  # the agent applied a newer leadership than ours: ours would be refused too
+    ],
+)
+def test_no_repair_without_a_refusal_this_leader_can_fix(
+    spec_term: int | None, status_term: int | None, token: int | None
+) -> None:
+    assert refused_spec_repair(refused(spec_term, status_term), token) is None

@@ -31,6 +31,8 @@ class Publisher:
     def forget(self, name: str) -> None:
         self.forgotten.append(name)
 
+    term = None  # as the effects port: no election
+
     def leading(self) -> bool:  # as the effects port: this operator leads
         return True
 
