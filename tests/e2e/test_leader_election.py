@@ -96,8 +96,10 @@ def pair(cluster: LocalCluster) -> Iterator[Pair]:
 def writers(sc: Scenario, nodes: list[str]) -> dict[str, float]:
     """Operator identity -> the latest time (epoch s) it wrote one of these MigNodes or their
     slices, as their managedFields say."""
-    bodies = list(sc.mignodes(nodes).values())
-    slices = sc.get("resourceslices")["items"]
+    # kubectl hides managedFields unless asked
+    mignodes = sc.get("mignodes", "--show-managed-fields")["items"]
+    slices = sc.get("resourceslices", "--show-managed-fields")["items"]
+    bodies = [b for b in mignodes if b["metadata"]["name"] in nodes]
     bodies += [
         s for s in slices if s["spec"]["driver"] == DRIVER and s["spec"]["pool"]["name"] in nodes
     ]
