@@ -68,9 +68,12 @@ async def test_an_update_at_an_old_resource_version_conflicts(api: ApiClient) ->
     created = await leases.create(LeaseRecord(holder="a"))
     with pytest.raises(Conflict):
         await leases.create(LeaseRecord(holder="b"))
-    renewed = await leases.update(
-        LeaseRecord(holder="a", resource_version=created.resource_version)
+    renewal = LeaseRecord(
+        holder="a",
+        renew_time="2026-01-01T00:00:01.000000Z",
+        resource_version=created.resource_version,
     )
+    renewed = await leases.update(renewal)  # (an update that changes nothing keeps the version)
     assert renewed.resource_version != created.resource_version
     with pytest.raises(Conflict):
         await leases.update(LeaseRecord(holder="b", resource_version=created.resource_version))
