@@ -89,7 +89,7 @@ def test_leader_election_faults_keep_every_invariant(short_dir: Path) -> None:
     proc, summary = _chaos(
         short_dir,
         "--faults=second-operator,operator-freeze,agent-freeze,apiserver-partition",
-        "--duration=90",
+        "--duration=150",
         "--drain=120",
         "--seed=6",
         "--nodes=2",
