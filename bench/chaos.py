@@ -19,6 +19,8 @@ kubelets here). On a seeded schedule it injects:
 - gpu-lost: a GPU falls off the bus (NVML_ERROR_GPU_IS_LOST from every call on it, through
   the simulator's lost-GPU file), preferably one a node's pending spec names, for 5-30 s, then
   comes back with the instances it had (a loss the driver recovers from without a reset);
+- second-operator, operator-freeze, agent-freeze, apiserver-partition: leader election and
+  the fence (bench/chaos_faults.py; the operators reach the API server through a proxy there);
 - sabotage (only when asked for, a check of the monitor): an instance in use removed from
   its GPU behind the agent's back, as a buggy agent would; the monitor must count it;
 - nvml: INSUFFICIENT_RESOURCES on create, IN_USE on destroy and TIMEOUT, injected by the
@@ -33,11 +35,14 @@ state every second and counts:
   GPU's instances are not counted while it is lost: no agent can see them);
 - stuck: a pod pending for more than 120 s (the pod stream keeps the load below capacity, so
   a plan for it exists);
-- double-allocated: two claims allocated the same device.
+- double-allocated: two claims allocated the same device;
+- non-leader-writes: a MigNode or slice write stamped by an operator while it did not hold the
+  election Lease (bench/chaos_faults.py).
 
 It ends with one line:
 
-    faults F, pods served S/T, destroyed-in-use 0, leaked 0, stuck 0, double-allocated 0
+    faults F, pods served S/T, destroyed-in-use 0, leaked 0, stuck 0, double-allocated 0,
+    non-leader-writes 0
 
 and exits 0 only when every counter is 0 and every pod was served. Pods whose claim the
 harness deleted are not counted in T.
@@ -61,8 +66,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 
+from chaos_faults import (
+    ELECTION_FAULTS,
+    ElectionFaults,
+    MainOperator,
+    Proxy,
+)  # bench/, next to this script
 from migpart.agent.simulator import LOST_FILE
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION, MigNodeSpec
 from migpart.demo.cluster import REPO, LocalCluster
@@ -72,7 +84,7 @@ from migpart.demo.trace import TracePod, accelerate, load_trace
 from migpart.dra import DRIVER, DeviceId
 from migpart.mig import lookup_table
 from migpart.testbed import Testbed
-from stand_in_kubelet import SimKubelet  # bench/, next to this script
+from stand_in_kubelet import SimKubelet
 
 MODEL = "NVIDIA H100 80GB HBM3"
 LABELS = {"migpart.io/chaos": "true"}
@@ -92,6 +104,7 @@ FAULTS = (
     "second-writer",
     "node-delete",
     "gpu-lost",
+    *ELECTION_FAULTS,
 )
 # Not a fault migpart must survive but a check of the monitor: a buggy agent destroys an
 # instance in use (the monitor must count it).
@@ -136,6 +149,7 @@ class Counters:
     leaked: set[str] = field(default_factory=set)
     stuck: set[str] = field(default_factory=set)
     double_allocated: set[str] = field(default_factory=set)
+    non_leader_writes: set[str] = field(default_factory=set)
     served: set[str] = field(default_factory=set)
     total: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
@@ -145,11 +159,12 @@ class Counters:
             f"faults {sum(self.faults.values())}, pods served {len(self.served)}/"
             f"{len(self.total)}, destroyed-in-use {len(self.destroyed_in_use)}, leaked"
             f" {len(self.leaked)}, stuck {len(self.stuck)}, double-allocated"
-            f" {len(self.double_allocated)}"
+            f" {len(self.double_allocated)}, non-leader-writes {len(self.non_leader_writes)}"
         )
 
     def ok(self) -> bool:
         bad = self.destroyed_in_use or self.leaked or self.stuck or self.double_allocated
+        bad = bad or self.non_leader_writes
         return not bad and self.served == self.total
 
 
@@ -194,13 +209,22 @@ def _status_devices(name: str, body: dict[str, Any]) -> set[str]:
 
 
 class Chaos:
-    def __init__(self, args: argparse.Namespace, cluster: LocalCluster, api: Any) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        cluster: LocalCluster,
+        api: Any,
+        proxy: Proxy,
+        main: MainOperator,
+    ) -> None:
         self.args = args
         self.cluster = cluster
         self.rng = random.Random(args.seed)
         self.core = client.CoreV1Api(api)
         self.resource = client.ResourceV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.coordination = client.CoordinationV1Api(api)
+        self.election = ElectionFaults(self, proxy, main)
         nodes = cluster.nodes.values()
         self.kubelet = SimKubelet(api, {n.name: n.plugin_socket for n in nodes})
         self.c = Counters()
@@ -297,6 +321,8 @@ class Chaos:
         for name, pod in self.pods.items():
             if pod.started is None and name not in self.deleted and now - pod.created > STUCK_S:
                 self.c.stuck.add(name)
+        await self.election.look(self.coordination, self.resource)
+        self.c.non_leader_writes |= self.election.monitor.violations
         slices = await self.resource.list_resource_slice()
         self.slices = {}
         for s in slices.items:
@@ -378,7 +404,7 @@ class Chaos:
             self.cluster.kill_operator()
             self.c.notes.append(f"operator-kill ({'in window' if inside else 'outside'})")
             await asyncio.sleep(self.rng.uniform(1.0, 3.0))
-            self.cluster.start_operator()
+            self.election.main.start(self.cluster)
         elif kind in ("apiserver-restart", "etcd-restart"):
             name = "kube-apiserver" if kind == "apiserver-restart" else "etcd"
             down_s = self.rng.uniform(1.0, 3.0)
@@ -395,6 +421,8 @@ class Chaos:
             await asyncio.to_thread(testbed.add_node, node, labels)
         elif kind == "gpu-lost":
             await self._lose_gpu()
+        elif kind in ELECTION_FAULTS:
+            await self.election.inject(kind)
         elif kind == "sabotage":
             if not await self._wait_for(lambda: bool(self._held()), 60.0):
                 return
@@ -556,8 +584,15 @@ def main(argv: list[str]) -> int:
     testbed = Testbed(work / "testbed")
     cluster = LocalCluster(testbed, work)
     chaos: Chaos | None = None
+    proxy: Proxy | None = None
     try:
         testbed.start()
+        server = yaml.safe_load(testbed.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        host, port = server.split("://", 1)[1].rsplit(":", 1)
+        proxy = Proxy(host, int(port))
+        cluster.operator_kubeconfig = proxy.kubeconfig(
+            testbed.kubeconfig, work / "operator.kubeconfig"
+        )
         cluster.install()
         for i in range(args.nodes):
             sim_faults = f"{args.nvml_faults},seed={args.seed * 1000 + i}".lstrip(",")
@@ -571,20 +606,28 @@ def main(argv: list[str]) -> int:
             )
         cluster.wait_for("every agent to report its GPUs", lambda: agents_ready(cluster))
         testbed.kubectl("apply", "-f", "-", input=POLICY)
-        cluster.start_operator()
-        chaos = asyncio.run(_run(args, cluster, pods, table))
+        main_operator = MainOperator()
+        main_operator.start(cluster)
+        chaos = asyncio.run(_run(args, cluster, pods, table, proxy, main_operator))
     finally:
         cluster.stop()
         testbed.stop()
     chaos.c.faults.update(nvml_faults(cluster))
     print("faults by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(chaos.c.faults.items())))
     # where the timed faults landed: "agent-kill (mid-spec)", "operator-kill (in window)", ...
-    timed = ("agent-kill", "operator-kill", "node-delete", "gpu-lost")
+    timed = (
+        "agent-kill",
+        "operator-kill",
+        "node-delete",
+        "gpu-lost",
+        "operator-freeze",
+        "agent-freeze",
+    )
     where = Counter(
         f"{n.split()[0]} ({n.rsplit(' (', 1)[-1]}" for n in chaos.c.notes if n.startswith(timed)
     )
     print("timing: " + (", ".join(f"{k} {n}" for k, n in sorted(where.items())) or "none"))
-    for kind in ("destroyed_in_use", "leaked", "stuck", "double_allocated"):
+    for kind in ("destroyed_in_use", "leaked", "stuck", "double_allocated", "non_leader_writes"):
         if getattr(chaos.c, kind):
             print(f"{kind}: {sorted(getattr(chaos.c, kind))}")
     if chaos.c.total - chaos.c.served:
@@ -594,7 +637,12 @@ def main(argv: list[str]) -> int:
 
 
 async def _run(
-    args: argparse.Namespace, cluster: LocalCluster, pods: list[TracePod], table: Any
+    args: argparse.Namespace,
+    cluster: LocalCluster,
+    pods: list[TracePod],
+    table: Any,
+    proxy: Proxy,
+    main: MainOperator,
 ) -> Chaos:
     api = await config.new_client_from_config(config_file=str(cluster.testbed.kubeconfig))
     try:
@@ -604,7 +652,7 @@ async def _run(
         for profile, n in sorted({(p.profile, p.count) for p in pods}):
             body: Any = claim_template(profile, n)
             await resource.create_namespaced_resource_claim_template(NAMESPACE, body)
-        chaos = Chaos(args, cluster, api)
+        chaos = Chaos(args, cluster, api, proxy, main)
         await chaos.run(pods)
         return chaos
     finally:

@@ -52,3 +52,8 @@ class ResourceNotServed(MigpartError):
     def __init__(self, resource: str) -> None:
         super().__init__(f"the API server does not serve {resource} (is its CRD installed?)")
         self.resource = resource
+
+
+class NotLeader(MigpartError):
+    """A write refused by the fence: this operator no longer holds the leadership term the
+    write was decided under (or never held one). Nothing was sent."""

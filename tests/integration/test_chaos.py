@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(
     r"^faults (\d+), pods served (\d+)/(\d+), destroyed-in-use (\d+), leaked (\d+),"
-    r" stuck (\d+), double-allocated (\d+)$"
+    r" stuck (\d+), double-allocated (\d+), non-leader-writes (\d+)$"
 )
 
 
@@ -55,15 +55,22 @@ def _assert_clean(
     """Every counter 0, every pod served, at least `min_faults` faults, exit status 0."""
     tail = proc.stdout[-1500:]
     faults, served, total, *counters = map(int, summary.groups())
-    assert counters == [0, 0, 0, 0], tail
+    assert counters == [0, 0, 0, 0, 0], tail
     assert served == total > 0, tail
     assert faults >= min_faults, tail
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+CRASH_FAULTS = (
+    "agent-kill,operator-kill,apiserver-restart,etcd-restart,claim-delete,second-writer,"
+    "node-delete,gpu-lost"
+)
+
+
 def test_short_seeded_chaos_keeps_every_invariant(short_dir: Path) -> None:
     proc, summary = _chaos(
         short_dir,
+        f"--faults={CRASH_FAULTS}",
         "--duration=60",
         "--drain=120",
         "--seed=3",
@@ -73,6 +80,25 @@ def test_short_seeded_chaos_keeps_every_invariant(short_dir: Path) -> None:
         "--fault-every=4",
     )
     _assert_clean(proc, summary, min_faults=5)
+
+
+def test_leader_election_faults_keep_every_invariant(short_dir: Path) -> None:
+    """A second operator, the leader frozen past its Lease (a standby takes over, the woken
+    one writes nothing), an agent frozen past its node Lease, the operators cut off from the
+    API server: every counter 0, non-leader writes included."""
+    proc, summary = _chaos(
+        short_dir,
+        "--faults=second-operator,operator-freeze,agent-freeze,apiserver-partition",
+        "--duration=150",
+        "--drain=120",
+        "--seed=6",
+        "--nodes=2",
+        "--gpus-per-node=2",
+        "--pods=14",
+        "--fault-every=3",
+        "--nvml-faults=",
+    )
+    _assert_clean(proc, summary, min_faults=3)
 
 
 def test_lost_gpus_come_back_and_keep_every_invariant(short_dir: Path) -> None:

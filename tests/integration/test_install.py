@@ -220,8 +220,10 @@ LEASE_REPLACEMENTS = yaml.safe_load("""
 - source: {kind: ConfigMap, name: migpart-lease-namespace, fieldPath: data.namespace}
   targets:
   - select: {kind: Role}
+    reject: [{name: migpart-operator-election}]
     fieldPaths: [metadata.namespace]
   - select: {kind: RoleBinding}
+    reject: [{name: migpart-operator-election}]
     fieldPaths: [metadata.namespace]
 - source: {kind: Namespace, fieldPath: metadata.name}
   targets:

@@ -80,6 +80,8 @@ def ready(port: int) -> int:
 
 def test_agent_and_operator_wait_for_their_crds(bare: Testbed, tmp_path: Path) -> None:
     bare.add_node(NODE, {"migpart-test": "crd-late"})
+    # the operator's namespace, where its election Lease is (the manifests make it)
+    bare.kubectl("create", "namespace", "migpart-system")
     agent_port, operator_port = free_port(), free_port()
     agent = Process(
         bare,

@@ -64,8 +64,8 @@ INSTALLED_KINDS = {
     "ServiceAccount": 2,
     "ClusterRole": 2,
     "ClusterRoleBinding": 2,
-    "Role": 2,  # the node Leases, in kube-node-lease
-    "RoleBinding": 2,
+    "Role": 3,  # the node Leases, in kube-node-lease; the election Lease
+    "RoleBinding": 3,
     "Deployment": 1,
     "DaemonSet": 1,
     "Service": 2,  # the operator's and the agents' metrics
@@ -103,6 +103,10 @@ OPERATOR_NEEDS = {
     ("migpart.io", "mignodes/status", "patch"),
     ("coordination.k8s.io", "leases", "list"),
     ("coordination.k8s.io", "leases", "watch"),
+    # kube/election.py KubeLeaseStore: the election Lease
+    ("coordination.k8s.io", "leases", "get"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
     # kopf.event (Repartitioning, DryRunPlan, DestroyAborted, RoundFailed, Unsatisfiable)
     ("", "events", "create"),
     # kopf's resource observer
@@ -121,6 +125,7 @@ AGENT_NEEDS = {
     ("coordination.k8s.io", "leases", "get"),  # NodeLease.renew
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),
+    ("", "events", "create"),  # KubeMigNodes.warn (SpecRefused)
 }
 
 
@@ -290,7 +295,8 @@ def test_namespaced_objects_live_in_migpart_system() -> None:
         "ValidatingAdmissionPolicyBinding",
     }
     for doc in installed():
-        if doc["kind"] in ("Role", "RoleBinding"):  # the node Leases' namespace
+        if doc["kind"] in ("Role", "RoleBinding") and "election" not in doc["metadata"]["name"]:
+            # the node Leases' namespace (the election Lease is in the operator's own)
             assert doc["metadata"].get("namespace") == LEASE_NAMESPACE, doc["metadata"]["name"]
         elif doc["kind"] not in cluster_scoped:
             assert doc["metadata"].get("namespace") == NAMESPACE, doc["metadata"]["name"]
@@ -339,18 +345,22 @@ def test_probes_use_the_health_server(kind: str, command: str) -> None:
         assert ports.get(http["port"], http["port"]) == port
 
 
-def test_operator_runs_alone_as_non_root() -> None:
+def test_operator_runs_two_elected_replicas_as_non_root() -> None:
     deployment = workload("Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    # standalone kopf: never two operators at once, not even during a rollout
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["replicas"] == 2
+    # leader election: a rollout may run two operators at once, only the leader writes
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     spec = pod_spec(deployment)
     assert spec["serviceAccountName"] == OPERATOR_SA
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] != 0
     (container,) = spec["containers"]
     _, argv = migpart_command(container)
-    assert parse("operator", argv).peering is False
+    args = parse("operator", argv)
+    assert args.peering is False
+    assert args.leader_elect is True
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     security = container["securityContext"]
     assert security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True

@@ -26,6 +26,7 @@ from migpart.api.models import (
     MigNodeSpec,
     MigNodeStatus,
 )
+from migpart.dra import now_iso
 from migpart.errors import ResourceNotServed
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class MigNodeStore(Protocol):
     # how many MigNodes this store has created: one created again (deleted under the agent)
     # has no status, whatever the agent wrote to the one before
     created: int
+    # status.leaderTerm as `ensure` read it: the highest fencing token an earlier run applied
+    leader_term: int | None
 
     async def ensure(self) -> MigNodeSpec | None:
         """Create the node's MigNode if missing; return its current spec. Raises
@@ -55,6 +58,10 @@ class MigNodeStore(Protocol):
         ...
 
     async def write_status(self, status: MigNodeStatus) -> None: ...
+
+    async def warn(self, reason: str, message: str) -> None:
+        """Post a Warning Event about the MigNode."""
+        ...
 
 
 def status_patch(status: MigNodeStatus) -> dict[str, Any]:
@@ -72,6 +79,33 @@ def spec_of(obj: dict[str, Any]) -> MigNodeSpec | None:
     return MigNodeSpec.model_validate(raw) if raw is not None else None
 
 
+def leader_term_of(obj: dict[str, Any]) -> int | None:
+    term = (obj.get("status") or {}).get("leaderTerm")
+    return int(term) if isinstance(term, int) else None
+
+
+def warning_event(node: str, uid: str, reason: str, message: str, now: str) -> dict[str, Any]:
+    """A core/v1 Warning Event about MigNode `node` (cluster-scoped: in `default`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{node}.", "namespace": "default"},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": MIGNODE_KIND,
+            "name": node,
+            "uid": uid,
+        },
+        "type": "Warning",
+        "reason": reason,
+        "message": message[:1000],
+        "source": {"component": "migpart-agent", "host": node},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
 class KubeMigNodes:
     """`MigNodeStore` on the API server, for the MigNode named after `node`."""
 
@@ -82,6 +116,13 @@ class KubeMigNodes:
         self._objects: Any = CustomObjectsApi(api)
         self._core: Any = CoreV1Api(api)
         self.created = 0
+        self.leader_term: int | None = None
+        self._uid = ""
+
+    def _seen(self, obj: dict[str, Any]) -> MigNodeSpec | None:
+        self._uid = str((obj.get("metadata") or {}).get("uid") or "")
+        self.leader_term = leader_term_of(obj)
+        return spec_of(obj)
 
     async def _owner(self) -> list[dict[str, Any]]:
         """An ownerReference to our Node, so that deleting the Node deletes its MigNode."""
@@ -99,7 +140,7 @@ class KubeMigNodes:
             obj = await self._objects.get_cluster_custom_object(
                 GROUP, VERSION, MIGNODE_PLURAL, self.node
             )
-            return spec_of(obj)
+            return self._seen(obj)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -124,7 +165,7 @@ class KubeMigNodes:
             obj = await self._objects.get_cluster_custom_object(
                 GROUP, VERSION, MIGNODE_PLURAL, self.node
             )
-        return spec_of(obj)
+        return self._seen(obj)
 
     async def specs(self) -> AsyncIterator[MigNodeSpec | None]:
         """Follow the MigNode with a watch, reconnecting (and re-listing) after any break."""
@@ -141,6 +182,7 @@ class KubeMigNodes:
                 ) as stream:
                     async for event in stream:
                         if event["type"] in ("ADDED", "MODIFIED"):
+                            self._uid = str(event["object"]["metadata"].get("uid") or "")
                             yield spec_of(event["object"])
                         elif event["type"] == "DELETED":
                             yield None
@@ -166,13 +208,19 @@ class KubeMigNodes:
             # deleted under us: recreate it; `created` tells the loop to write status again
             await self.ensure()
 
+    async def warn(self, reason: str, message: str) -> None:
+        body = warning_event(self.node, self._uid, reason, message, now_iso())
+        await self._core.create_namespaced_event("default", body)
+
 
 class InMemoryMigNodes:
     """`MigNodeStore` twin: the spec is set by the test, statuses are recorded."""
 
-    def __init__(self, spec: MigNodeSpec | None = None) -> None:
+    def __init__(self, spec: MigNodeSpec | None = None, leader_term: int | None = None) -> None:
         self.spec = spec
         self.created = 0
+        self.leader_term = leader_term
+        self.warnings: list[tuple[str, str]] = []
         self.statuses: list[MigNodeStatus] = []
         self._changed = asyncio.Condition()  # the spec changed
         self._written = asyncio.Condition()  # a status was written
@@ -203,6 +251,18 @@ class InMemoryMigNodes:
         async with self._written:
             self.statuses.append(status)
             self._written.notify_all()
+
+    async def warn(self, reason: str, message: str) -> None:
+        async with self._written:
+            self.warnings.append((reason, message))
+            self._written.notify_all()
+
+    async def wait_for_warning(self) -> tuple[str, str]:
+        """The first Warning Event posted (existing or future)."""
+        async with self._written:
+            while not self.warnings:
+                await self._written.wait()
+            return self.warnings[0]
 
     async def wait_for(self, predicate: Any) -> MigNodeStatus:
         """The first recorded status (existing or future) for which `predicate` is true."""

@@ -1,6 +1,14 @@
 """The agent loop: reconcile whenever the spec changes, a claim is (un)prepared, or a resync
 period passes, and write the result to MigNode.status.
 
+Fencing: a spec carries the fencing token of the operator leadership that wrote it
+(`spec.leaderTerm`). The agent keeps the highest token it applied (in `status.leaderTerm`, so a
+restarted agent still knows it) and refuses a spec with a lower one: written by a leader that
+lost its Lease after a newer leader wrote here. It applies nothing of such a spec (it goes on
+with the spec it had), logs `spec_refused` and posts a Warning Event `SpecRefused` on its
+MigNode. A spec without a token (an operator running without leader election, or one from
+before it) is applied as before and leaves the highest token as it is.
+
 The loop is level-triggered: a trigger only says "look again"; every pass reads the latest
 spec and the whole NVML state. Failures of one pass (an NVML error, a status write the API
 server refused or never answered) are logged, counted and retried with backoff; they never
@@ -62,6 +70,10 @@ class Agent:
         self.trigger = asyncio.Event()
         self.spec: MigNodeSpec | None = None
         self.status: MigNodeStatus | None = None
+        # the highest fencing token applied (status.leaderTerm), and the spec last refused
+        # (told once, though the watch shows it again with every status write)
+        self.leader_term: int | None = None
+        self.refused: MigNodeSpec | None = None
         # `store.created` when `status` was written: a MigNode created since has none
         self.written_on = -1
         # what kubelet said about the plugin's registration, reported in the status (None:
@@ -74,8 +86,37 @@ class Agent:
 
     async def _follow_specs(self) -> None:
         async for spec in self.store.specs():
-            self.spec = spec
-            self.trigger.set()
+            if await self.accepts(spec):
+                self.spec = spec
+                self.trigger.set()
+
+    async def accepts(self, spec: MigNodeSpec | None) -> bool:
+        """Whether to apply `spec` (module docstring, "Fencing"); a refusal is told."""
+        token = spec.leader_term if spec is not None else None
+        if token is None or self.leader_term is None or token >= self.leader_term:
+            if token is not None:
+                self.leader_term = max(token, self.leader_term or 0)
+            return True
+        assert spec is not None
+        if spec == self.refused:
+            return False
+        self.refused = spec
+        message = (
+            f"spec of plan {spec.plan_id} refused: written under operator leadership {token}, "
+            f"older than leadership {self.leader_term} whose spec this node applied already"
+        )
+        log.warning(
+            "spec_refused",
+            node=self.node,
+            plan_id=spec.plan_id,
+            leader_term=token,
+            applied_leader_term=self.leader_term,
+        )
+        try:
+            await self.store.warn("SpecRefused", message)
+        except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+            log.warning("event_failed", node=self.node, error=str(err)[:200])
+        return False
 
     async def reconcile(self) -> None:
         """One pass: converge, then write the status if it changed. Its duration is recorded
@@ -94,6 +135,7 @@ class Agent:
             log.info("gpu_back", node=self.node, gpu=gpu)
         if self.registration is not None:
             status = status.model_copy(update={"kubelet_plugin": self.registration()})
+        status = status.model_copy(update={"leader_term": self.leader_term})
         created = self.store.created
         if status != self.status or created != self.written_on:
             await self.store.write_status(status)
@@ -141,7 +183,9 @@ class Agent:
 
     async def run(self) -> None:
         """Run until cancelled."""
-        self.spec = await self.ensure()
+        spec = await self.ensure()
+        self.leader_term = self.store.leader_term
+        self.spec = spec if await self.accepts(spec) else None
         follower = asyncio.create_task(self._follow_specs(), name=f"mignode-watch-{self.node}")
         backoff = self.backoff_s
         try:

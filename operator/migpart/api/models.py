@@ -121,6 +121,10 @@ class MigNodeSpec(_Model):
     plan_id: Annotated[str, StringConstraints(max_length=128)] | None = None
     """Identifies this desired layout; the agent echoes it as status.observedPlanId."""
     gpus: Annotated[list[GpuSpec], _map_list("index", MAX_GPUS)] = []
+    leader_term: NonNegative | None = None
+    """The fencing token of the operator's leadership term that wrote this spec (the election
+    Lease's leaseTransitions when the term began). The agent refuses a spec whose token is lower
+    than one it already applied; absent: written without leader election, applied as before."""
 
     def desired(self) -> dict[int, frozenset[Instance]]:
         """What this spec wants: GPU index -> its instances, for the GPUs it lists.
@@ -241,6 +245,9 @@ class MigNodeStatus(_Model):
     """Counts for the printer columns of `kubectl get mignodes`."""
     kubelet_plugin: KubeletPluginStatus | None = None
     """Whether kubelet registered the DRA plugin (absent: the agent does not report it)."""
+    leader_term: NonNegative | None = None
+    """The highest spec.leaderTerm the agent applied: kept here so that a restarted agent still
+    refuses a spec from an older leadership."""
 
     def summarized(self, plan_id: str | None) -> MigNodeStatus:
         """This status with `summary` recomputed against the spec's `plan_id`."""

@@ -1,8 +1,11 @@
 """`migpart operator`: run the operator (kopf) with metrics and health endpoints.
 
-Run exactly one operator: kopf runs without peering unless `--peering` is given. Peering
-needs kopf's cluster-wide peering CRD and RBAC for it, which the manifests do not install; it
-pauses a replica that sees another one, it is not leader election (see docs/operations.md).
+Leader election is on by default (`--leader-elect`): any number of operators may run, one
+holds the `migpart-operator` Lease in `--leader-elect-namespace` and writes, the others keep
+their watches warm and write nothing until it goes (docs/operations.md, "Two replicas").
+`--no-leader-elect` runs without it: then run exactly one. kopf runs without peering unless
+`--peering` is given; peering pauses a replica that sees another one, it is not leader
+election and fences nothing.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -19,12 +23,28 @@ import structlog
 from migpart import logs
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
 from migpart.commands.options import Parser, log_level, port
-from migpart.controller.handlers import OperatorConfig, build_registry
+from migpart.controller.handlers import Election, OperatorConfig, build_registry
 from migpart.controller.health import REGISTRATION_GRACE_S, await_crds, serve
 from migpart.controller.metrics import Metrics
 from migpart.kube.client import KubeconfigError, api_client, load_configuration
+from migpart.kube.election import LEASE_DURATION_S as ELECTION_LEASE_S
+from migpart.kube.election import LEASE_NAME, RENEW_DEADLINE_S, RETRY_PERIOD_S, new_identity
 
 log = structlog.get_logger(__name__)
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+DEFAULT_NAMESPACE = "migpart-system"
+
+
+def own_namespace(env: dict[str, str] | None = None, path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """The operator's namespace: $POD_NAMESPACE (the Downward API), else the service account's
+    namespace file, else migpart-system."""
+    value = (env if env is not None else dict(os.environ)).get("POD_NAMESPACE", "").strip()
+    if value:
+        return value
+    with contextlib.suppress(OSError):
+        value = path.read_text().strip()
+    return value or DEFAULT_NAMESPACE
 
 
 def _seconds(text: str) -> float:
@@ -39,10 +59,6 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    return parser().parse_args(argv)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -104,7 +120,70 @@ def parser() -> argparse.ArgumentParser:
         "not registered (a restarted agent, until kubelet registers it again) keeps its devices "
         "published this long, while its Lease is fresh (0: none)",
     )
+    p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="elect a leader with a Lease, so that several operators can run and only one writes "
+        "(default: on; --no-leader-elect: run exactly one operator)",
+    )
+    p.add_argument(
+        "--leader-elect-namespace",
+        default=None,
+        help="namespace of the election Lease (default: $POD_NAMESPACE, else the service "
+        f"account's namespace, else {DEFAULT_NAMESPACE})",
+    )
+    p.add_argument("--leader-elect-lease-name", default=LEASE_NAME, help=argparse.SUPPRESS)
+    # tests and the chaos harness name their operators; by default hostname + random
+    p.add_argument("--leader-elect-identity", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--leader-elect-lease-duration",
+        type=_positive_seconds,
+        default=ELECTION_LEASE_S,
+        help="a standby takes the Lease when it has not seen it renewed for this long",
+    )
+    p.add_argument(
+        "--leader-elect-renew-deadline",
+        type=_positive_seconds,
+        default=RENEW_DEADLINE_S,
+        help="the leader stops writing when it could not renew the Lease for this long",
+    )
+    p.add_argument(
+        "--leader-elect-retry-period",
+        type=_positive_seconds,
+        default=RETRY_PERIOD_S,
+        help="how often the Lease is renewed, or tried by a standby",
+    )
     return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.leader_elect and not (
+        args.leader_elect_retry_period
+        < args.leader_elect_renew_deadline
+        < args.leader_elect_lease_duration
+    ):
+        p.error(
+            "--leader-elect-retry-period < --leader-elect-renew-deadline < "
+            "--leader-elect-lease-duration is required: the leader must stop writing before a "
+            "standby may take over"
+        )
+    return args
+
+
+def election(args: argparse.Namespace) -> Election | None:
+    if not args.leader_elect:
+        return None
+    return Election(
+        namespace=args.leader_elect_namespace or own_namespace(),
+        name=args.leader_elect_lease_name,
+        identity=args.leader_elect_identity or new_identity(),
+        lease_duration_s=args.leader_elect_lease_duration,
+        renew_deadline_s=args.leader_elect_renew_deadline,
+        retry_s=args.leader_elect_retry_period,
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -137,6 +216,7 @@ async def run(args: argparse.Namespace) -> None:
         lease_timeout_s=args.lease_timeout_seconds,
         registration_grace_s=args.registration_grace_seconds,
         served=served,
+        election=election(args),
     )
     try:
         # kopf resolves the resources of its handlers when it starts; a CRD that is

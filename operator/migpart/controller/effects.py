@@ -6,29 +6,58 @@ MigNode specs, posts events and writes the policy status. All of that goes throu
 so that a round can run against `InMemoryEffects` in a unit test (the pattern of the agent's
 `NvmlBackend` and `MigNodeStore`): the operator's decisions get tests that need no API server.
 `KubeEffects` is the real one.
+
+Every write of the operator goes through this port, the node-health and resync slice
+publishes and the `Stale` condition included, because the port is where the *fence* is: an
+`Effects` is bound to the leadership term (`kube.election.Term`) it was made for (`under`),
+and each write asks `Leadership.holds(term)` right before it is sent. A round keeps the port of
+the term it started under, so a leader that lost its Lease mid-round (renewals failed, process
+frozen, Lease taken) sends nothing more: the write raises `NotLeader` instead, and the in-memory
+twin records it in `refused`. A spec is stamped with the term's token (`spec.leaderTerm`), which
+the agent checks as well (docs/destroy-protocol.md, "The fence").
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
 import kopf
+import structlog
 
-from migpart.api.models import GpuPartitionPolicyStatus, MigNode, MigNodeSpec
+from migpart.api.models import Condition, GpuPartitionPolicyStatus, MigNode, MigNodeSpec
 from migpart.controller.bodies import strip
 from migpart.controller.scope import ScopeCache
+from migpart.errors import NotLeader
 from migpart.kube.claims import list_claims_quorum
-from migpart.kube.objects import patch_mignode_spec, patch_policy_status
-from migpart.kube.slices import SlicePublisher
+from migpart.kube.election import Leadership, Term, Unelected
+from migpart.kube.objects import (
+    patch_mignode_conditions,
+    patch_mignode_spec,
+    patch_policy_status,
+)
+from migpart.kube.slices import Published, SlicePublisher
+
+log = structlog.get_logger(__name__)
 
 Body = Mapping[str, Any]
 
 
 class Effects(Protocol):
-    """What a round does to the world (besides reading the indexes)."""
+    """What the operator does to the world (besides reading the indexes)."""
+
+    term: Term | None
+
+    def under(self, term: Term | None) -> Effects:
+        """This port bound to `term` (None: to no term, every write refused)."""
+        ...
+
+    def leading(self) -> bool:
+        """Whether this port's term still holds (its writes would be sent)."""
+        ...
 
     def withdrawing(self) -> list[str]:
         """Nodes that have devices withdrawn from their slice."""
@@ -56,9 +85,33 @@ class Effects(Protocol):
 
     async def write_status(self, policy: str, status: GpuPartitionPolicyStatus) -> None: ...
 
+    async def publish(self, node: str) -> Published:
+        """Write the node's slice if its content changed (the MigNode watch, node health and
+        the periodic resync)."""
+        ...
+
+    async def write_conditions(
+        self, node: str, resource_version: str, conditions: list[Condition]
+    ) -> None:
+        """Write a MigNode's status conditions over `resource_version` (the `Stale` mark)."""
+        ...
+
     def event(self, body: Body, type: str, reason: str, message: str) -> None:
         """Post a Kubernetes Event about `body`."""
         ...
+
+
+def fenced(leadership: Leadership, term: Term | None, write: str, target: str) -> None:
+    """Raise `NotLeader` unless `term` still holds: called right before each write."""
+    if not leadership.holds(term):
+        log.warning("write_fenced", write=write, target=target)
+        raise NotLeader(f"{write} {target}: not written, this operator no longer leads")
+
+
+def stamped(spec: MigNodeSpec, term: Term | None) -> MigNodeSpec:
+    """The spec with the term's fencing token (none without election)."""
+    token = term.token if term is not None else None
+    return spec if token is None else spec.model_copy(update={"leader_term": token})
 
 
 def as_body(body: Body) -> kopf.Body:
@@ -74,6 +127,28 @@ class KubeEffects:
     publisher: SlicePublisher
     # parses the written MigNode once for the publisher and the watch event that follows
     scopes: ScopeCache = field(default_factory=ScopeCache)
+    leadership: Leadership = field(default_factory=Unelected)
+    term: Term | None = None
+    # writes refused by the fence (a metric)
+    on_refused: list[Callable[[str], None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.term is None and isinstance(self.leadership, Unelected):
+            self.term = self.leadership.term
+
+    def under(self, term: Term | None) -> KubeEffects:
+        return replace(self, term=term)
+
+    def leading(self) -> bool:
+        return self.leadership.holds(self.term)
+
+    def _fence(self, write: str, target: str) -> None:
+        try:
+            fenced(self.leadership, self.term, write, target)
+        except NotLeader:
+            for hook in self.on_refused:
+                hook(write)
+            raise
 
     def withdrawing(self) -> list[str]:
         return self.publisher.withdrawing()
@@ -82,10 +157,18 @@ class KubeEffects:
         return self.publisher.withdrawn(node)
 
     async def withdraw(self, node: str, devices: frozenset[str]) -> int:
-        return (await self.publisher.withdraw(node, devices)).generation
+        fence = functools.partial(self._fence, "withdrawal", node)
+        return (await self.publisher.withdraw(node, devices, fence=fence)).generation
 
     async def restore(self, node: str, devices: frozenset[str]) -> None:
-        await self.publisher.restore(node, devices)
+        await self.publisher.restore(
+            node, devices, fence=functools.partial(self._fence, "restore", node)
+        )
+
+    async def publish(self, node: str) -> Published:
+        return await self.publisher.publish(
+            node, fence=functools.partial(self._fence, "slice", node)
+        )
 
     async def read_claims(self) -> list[dict[str, Any]]:
         return await list_claims_quorum(self.api)
@@ -94,16 +177,33 @@ class KubeEffects:
         await asyncio.sleep(seconds)
 
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
-        written = await patch_mignode_spec(self.api, node, spec)
+        self._fence("spec", node)
+        written = await patch_mignode_spec(self.api, node, stamped(spec, self.term))
         view = self.scopes.node(node, written)
         self.publisher.observe(view.node if view else MigNode.model_validate(strip(written)))
         return written
 
     async def write_status(self, policy: str, status: GpuPartitionPolicyStatus) -> None:
+        self._fence("policy status", policy)
         await patch_policy_status(self.api, policy, status)
 
+    async def write_conditions(
+        self, node: str, resource_version: str, conditions: list[Condition]
+    ) -> None:
+        self._fence("conditions", node)
+        await patch_mignode_conditions(self.api, node, resource_version, conditions)
+
     def event(self, body: Body, type: str, reason: str, message: str) -> None:
+        self._fence("event", str((body.get("metadata") or {}).get("name", "")))
         kopf.event(as_body(body), type=type, reason=reason, message=message)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A write the fence stopped (in-memory twin): what, and of which object."""
+
+    write: str
+    target: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +221,8 @@ class InMemoryEffects:
     `claims` is what the quorum read returns; `on_withdraw(node, devices)` runs after a
     withdrawal (a test allocates a claim there, as a racing scheduler would). Written specs
     come back as MigNode bodies at increasing resourceVersions, on top of `mignodes`.
+    `leadership` and `term` fence it as they fence `KubeEffects`; refused writes are recorded
+    in `refused` (and not carried out).
     """
 
     mignodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -132,8 +234,34 @@ class InMemoryEffects:
     slept_s: float = 0.0
     withdrawals: list[tuple[str, frozenset[str]]] = field(default_factory=list)
     restores: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+    published: list[str] = field(default_factory=list)
+    # (node, resourceVersion, conditions) of each condition write
+    conditions: list[tuple[str, str, list[Condition]]] = field(default_factory=list)
+    leadership: Leadership = field(default_factory=Unelected)
+    term: Term | None = None
+    refused: list[Refused] = field(default_factory=list)
     _withdrawn: dict[str, set[str]] = field(default_factory=dict)
     _revision: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.term is None and isinstance(self.leadership, Unelected):
+            self.term = self.leadership.term
+
+    def under(self, term: Term | None) -> InMemoryEffects:
+        """A view bound to `term` that records into the same lists."""
+        view = replace(self, term=term)
+        view._withdrawn = self._withdrawn
+        return view
+
+    def leading(self) -> bool:
+        return self.leadership.holds(self.term)
+
+    def _fence(self, write: str, target: str) -> None:
+        try:
+            fenced(self.leadership, self.term, write, target)
+        except NotLeader:
+            self.refused.append(Refused(write, target))
+            raise
 
     def withdrawing(self) -> list[str]:
         return sorted(n for n, devices in self._withdrawn.items() if devices)
@@ -143,6 +271,7 @@ class InMemoryEffects:
 
     async def withdraw(self, node: str, devices: frozenset[str]) -> int:
         self._withdrawn.setdefault(node, set()).update(devices)
+        self._fence("withdrawal", node)
         self.withdrawals.append((node, devices))
         if self.on_withdraw is not None:
             await self.on_withdraw(node, devices)
@@ -150,7 +279,19 @@ class InMemoryEffects:
 
     async def restore(self, node: str, devices: frozenset[str]) -> None:
         self._withdrawn.setdefault(node, set()).difference_update(devices)
+        self._fence("restore", node)
         self.restores.append((node, devices))
+
+    async def publish(self, node: str) -> Published:
+        self._fence("slice", node)
+        self.published.append(node)
+        return Published(node, len(self.published), True, frozenset(), None)
+
+    async def write_conditions(
+        self, node: str, resource_version: str, conditions: list[Condition]
+    ) -> None:
+        self._fence("conditions", node)
+        self.conditions.append((node, resource_version, conditions))
 
     async def read_claims(self) -> list[dict[str, Any]]:
         return list(self.claims)
@@ -159,6 +300,8 @@ class InMemoryEffects:
         self.slept_s += seconds
 
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
+        self._fence("spec", node)
+        spec = stamped(spec, self.term)
         self.specs.append((node, spec))
         self._revision += 1
         body = dict(self.mignodes.get(node) or {"metadata": {"name": node}})
@@ -169,8 +312,10 @@ class InMemoryEffects:
         return body
 
     async def write_status(self, policy: str, status: GpuPartitionPolicyStatus) -> None:
+        self._fence("policy status", policy)
         self.statuses.append((policy, status))
 
     def event(self, body: Body, type: str, reason: str, message: str) -> None:
         name = str((body.get("metadata") or {}).get("name", ""))
+        self._fence("event", name)
         self.events.append(PostedEvent(name, type, reason, message))

@@ -32,17 +32,32 @@ from migpart.api.models import (
     UnavailableReason,
 )
 from migpart.controller.bodies import parse_policy
+from migpart.controller.effects import KubeEffects
 from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
 from migpart.controller.indexes import state_of, watch_index, watched_indexes
 from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
 from migpart.controller.mignodes import MigNodeWatch, watch_mignodes
 from migpart.controller.reconcile import report_invalid
+from migpart.controller.scope import ScopeCache
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.errors import MigpartError
 from migpart.kube.client import open_client
+from migpart.kube.election import (
+    LEASE_DURATION_S as ELECTION_LEASE_S,
+)
+from migpart.kube.election import (
+    LEASE_NAME,
+    RENEW_DEADLINE_S,
+    RETRY_PERIOD_S,
+    KubeLeaseStore,
+    LeaderElector,
+    Leadership,
+    Term,
+    Unelected,
+    new_identity,
+)
 from migpart.kube.leases import stale_conditions, watch_leases
-from migpart.kube.objects import patch_mignode_conditions
 from migpart.kube.slices import Published, SlicePublisher, SliceWatch, watch_slices
 
 log = structlog.get_logger(__name__)
@@ -50,6 +65,18 @@ log = structlog.get_logger(__name__)
 # A MigNode's slice is written on every MigNode event, on its deletion, and checked every period
 # (resync_slices).
 SLICE_RESYNC_S = 30.0
+
+
+@dataclass(frozen=True)
+class Election:
+    """Leader election (`migpart operator --leader-elect`): the Lease and its timings."""
+
+    namespace: str
+    name: str = LEASE_NAME
+    identity: str = field(default_factory=new_identity)
+    lease_duration_s: float = ELECTION_LEASE_S
+    renew_deadline_s: float = RENEW_DEADLINE_S
+    retry_s: float = RETRY_PERIOD_S
 
 
 @dataclass(frozen=True)
@@ -70,6 +97,8 @@ class OperatorConfig:
     registration_grace_s: float = REGISTRATION_GRACE_S
     # set once the API server serves migpart's CRDs (`/readyz` waits for it)
     served: asyncio.Event = field(default_factory=asyncio.Event)
+    # None: no election, this operator writes from the start (the only one, by its user's word)
+    election: Election | None = None
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -98,14 +127,25 @@ async def startup(
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     api, credentials = await open_client(config.kubeconfig)
+    elector = _elector(config, api)
+    leadership: Leadership = elector if elector is not None else Unelected()
+    if elector is not None:
+        # the identity in every request's user agent, so in each write's managedFields manager
+        api.user_agent = f"migpart-operator-{elector.identity}/0.1.0"
     health = NodeHealth(
         timeout_s=config.lease_timeout_s, registration_grace_s=config.registration_grace_s
     )
     publisher = SlicePublisher(api, gate=health.reason)
+    scopes = ScopeCache()
+    effects = KubeEffects(api, publisher, scopes, leadership)
+    effects.on_refused.append(lambda write: config.metrics.fenced_writes.labels(write).inc())
     state = OperatorState(
         api=api,
         credentials=credentials,
         publisher=publisher,
+        effects=effects.under(leadership.current()),
+        scopes=scopes,
+        elector=elector,
         metrics=config.metrics,
         hooks=config.hooks,
         tick_s=config.tick_s,
@@ -124,8 +164,9 @@ async def startup(
 
     publisher.on_publish.append(published)
     state.resync = asyncio.create_task(
-        resync_slices(publisher, config.slice_resync_s), name="slice-resync"
+        resync_slices(state, config.slice_resync_s), name="slice-resync"
     )
+    state.metrics.leader.set(1 if state.leading() else 0)
     slices_listed = asyncio.Event()
     mignodes = MigNodeWatch(state, slices_listed)
     slices = SliceWatch(publisher, slices_listed, mignodes.publish)
@@ -143,13 +184,68 @@ async def startup(
             for index_id, index in watched.items()
         ),
     ]
+    if elector is not None:
+        elector.on_change.append(functools.partial(lead, state))
+        state.tasks.append(asyncio.create_task(elector.run(), name="leader-election"))
     log.info(
         "operator_started",
+        identity=elector.identity if elector is not None else None,
         server=credentials.server,
         lease_namespace=config.lease_namespace,
         lease_timeout_s=config.lease_timeout_s,
         registration_grace_s=config.registration_grace_s,
     )
+
+
+def _elector(config: OperatorConfig, api: Any) -> LeaderElector | None:
+    election = config.election
+    if election is None:
+        return None
+    store = KubeLeaseStore(api, election.namespace, election.name, election.renew_deadline_s / 2)
+    return LeaderElector(
+        store,
+        election.identity,
+        lease_duration_s=election.lease_duration_s,
+        renew_deadline_s=election.renew_deadline_s,
+        retry_s=election.retry_s,
+    )
+
+
+def lead(state: OperatorState, term: Term | None) -> None:
+    """The elector's callback: bind the write port to the new term (None: to none, so every
+    write is refused) and, on taking over, plan and publish at once."""
+    state.effects = state.effects.under(term)
+    state.metrics.leader.set(1 if term is not None else 0)
+    state.metrics.leadership_changes.inc()
+    if term is None:
+        return
+    state.wake_all()
+    task = asyncio.create_task(take_over(state), name="take-over")
+    state.tasks.append(task)
+
+    def forget(done: asyncio.Task[None]) -> None:
+        if done in state.tasks:
+            state.tasks.remove(done)
+
+    task.add_done_callback(forget)
+
+
+async def take_over(state: OperatorState) -> None:
+    """A new leader writes every slice whose content differs from what its standby view
+    computes, and the `Stale` marks it has kept meanwhile (the watches were warm)."""
+    await state.watched_synced()
+    for name in state.publisher.nodes():
+        if not state.leading():
+            return
+        await _publish(state, name)
+    await mark_stale(state)
+
+
+async def _publish(state: OperatorState, name: str) -> None:
+    try:
+        await state.effects.publish(name)
+    except (MigpartError, ApiException, aiohttp.ClientError, TimeoutError) as error:
+        log.warning("slice_publish_failed", node=name, error=str(error)[:300])
 
 
 def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
@@ -172,23 +268,27 @@ async def cleanup(memo: Any, **_: Any) -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if state.elector is not None:
+            await state.elector.release()  # a standby takes over at once
         await state.api.close()
     log.info("operator_stopped")
 
 
-async def resync_slices(publisher: SlicePublisher, period_s: float = SLICE_RESYNC_S) -> None:
-    """Publish every known node's slice again each period: repairs a write that failed (event
-    handlers are not retried). The publisher knows each slice from the watch, so this costs no
-    request for a slice that is as it should be.
+async def resync_slices(state: OperatorState, period_s: float = SLICE_RESYNC_S) -> None:
+    """Publish every known node's slice again each period, while leading: repairs a write that
+    failed (event handlers are not retried). The publisher knows each slice from the watch, so
+    this costs no request for a slice that is as it should be.
 
     One loop for all nodes instead of a kopf timer per MigNode: a timer makes kopf put its
     finalizer on every MigNode, which then cannot be deleted while the operator is down.
     """
     while True:
         await asyncio.sleep(period_s)
-        for name in publisher.nodes():
+        for name in state.publisher.nodes():
+            if not state.leading():
+                break
             try:
-                await publisher.publish(name)
+                await state.effects.publish(name)
             except (MigpartError, ApiException) as error:
                 log.warning("slice_resync_failed", node=name, error=str(error))
             except Exception:  # a bug must not end the loop for every node
@@ -230,17 +330,18 @@ async def _node_health_tick(state: OperatorState) -> None:
         counts: Counter[str] = Counter(health.unavailable().values())
         for reason in get_args(UnavailableReason):
             state.metrics.unavailable_nodes.labels(reason).set(counts.get(reason, 0))
+    if not state.leading():
+        return  # a standby keeps its verdicts and marks; a new leader acts on them (take_over)
     for node in changed:
-        try:
-            await state.publisher.publish(node)
-        except (MigpartError, ApiException, aiohttp.ClientError, TimeoutError) as error:
-            log.warning("slice_publish_failed", node=node, error=str(error))
+        await _publish(state, node)
     await mark_stale(state)
 
 
 async def mark_stale(state: OperatorState) -> None:
-    """Write the `Stale` condition of the MigNodes in `state.stale_marks`."""
+    """Write the `Stale` condition of the MigNodes in `state.stale_marks` (while leading)."""
     for node, stale in list(state.stale_marks.items()):
+        if not state.leading():
+            return
         mignode = state.publisher.node(node)
         if mignode is None:
             state.stale_marks.pop(node, None)
@@ -257,8 +358,8 @@ async def mark_stale(state: OperatorState) -> None:
                 continue  # our last write is not in this body yet: decide on the next one
         else:
             try:
-                await patch_mignode_conditions(state.api, node, version, conditions)
-            except (ApiException, aiohttp.ClientError, TimeoutError) as error:
+                await state.effects.write_conditions(node, version, conditions)
+            except (ApiException, aiohttp.ClientError, TimeoutError, MigpartError) as error:
                 # 409: the agent wrote meanwhile; the next tick reads its status again
                 log.info("stale_condition_deferred", node=node, error=str(error)[:200])
                 continue
@@ -276,6 +377,8 @@ async def policy_changed(type: str | None, name: str, body: kopf.Body, memo: Any
     try:
         parse_policy(body)
     except ValidationError as error:
+        if not state.leading():
+            return  # the leader reports it; a standby writes nothing
         message = await report_invalid(state, name, body, error)
         raise kopf.PermanentError(message) from error
 

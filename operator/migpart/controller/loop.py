@@ -47,7 +47,10 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
             assert state.indexes is not None  # set before the first worker starts
             wait = state.tick_s
             held_back = False
-            if again or seen != state.changes or time.monotonic() - last_round > FULL_ROUND_S:
+            if not state.leading():
+                # a standby keeps its indexes warm and plans nothing; taking over wakes it
+                again = True
+            elif again or seen != state.changes or time.monotonic() - last_round > FULL_ROUND_S:
                 seen, last_round = state.changes, time.monotonic()
                 # nodes the operator leaves alone (lease expired, plugin not registered)
                 unavailable = dict(state.health.unavailable())
@@ -66,7 +69,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                     elif outcome.failure is None and (paced_s := round_.paced_s()) > 0:
                         # it just planned: the next plan is paced, so is the next round
                         wait, held_back, again = paced_s, True, False
-                    if outcome.failure is not None:
+                    if outcome.failure is not None and round_.effects.leading():
                         report_failure(state, name, body, outcome, tell=outcome.failure != reported)
                     reported = outcome.failure
             if stopped.is_set():

@@ -67,6 +67,23 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "migpart_leader",
+            "1 while this operator holds the leader election Lease (or runs without election)",
+            registry=self.registry,
+        )
+        self.leadership_changes = Counter(
+            "migpart_leadership_changes_total",
+            "Times this operator started or stopped leading",
+            registry=self.registry,
+        )
+        self.fenced_writes = Counter(
+            "migpart_fenced_writes_total",
+            "Writes refused because this operator no longer held the term they were decided "
+            "under (write: spec, slice, withdrawal, restore, conditions, policy status, event)",
+            ["write"],
+            registry=self.registry,
+        )
         self.destroy_aborted = Counter(
             "migpart_destroy_aborted",
             "Devices the destroy protocol kept because a claim was allocated to them",

@@ -7,6 +7,8 @@ back as a MigNode event: thousands in a burst at 1,000 nodes. `MigNodeWatch` kee
 - parses the MigNode once per resourceVersion (`ScopeCache.node`, shared with the rounds);
 - tells node health what the agent says about kubelet's plugin registration, and whether the
   MigNode carries `Stale`;
+- writes, while leading, a spec the agent refused (an older leadership's, `decisions.
+  refused_spec_repair`) over with what the agent has;
 - publishes the node's ResourceSlice (`SlicePublisher`), in a task of its own: once the
   slice watch has listed (so that the publisher knows every slice and never creates one that
   exists), at most PUBLISH_CONCURRENCY at once. A failed write is logged; the periodic resync
@@ -27,8 +29,16 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION, condition_status
+from migpart.api.models import (
+    GROUP,
+    MIGNODE_PLURAL,
+    VERSION,
+    MigNode,
+    MigNodeSpec,
+    condition_status,
+)
 from migpart.controller.bodies import name_of
+from migpart.controller.decisions import refused_spec_repair
 from migpart.controller.indexes import object_entry
 from migpart.controller.state import OperatorState
 from migpart.errors import MigpartError
@@ -52,6 +62,8 @@ class MigNodeWatch(Index):
         self._publishing = asyncio.Semaphore(PUBLISH_CONCURRENCY)
         self._writes: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
+        self._repairing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def listed(self, objects: Sequence[Body]) -> None:
         gone = set(self) - {name_of(o) for o in objects}
@@ -88,7 +100,29 @@ class MigNodeWatch(Index):
         else:
             state.stale_flagged.discard(name)
         state.health.mignode(name, status.kubelet_plugin if status else None)
+        self.repair(name, view.node)
         self.publish(name)
+
+    def repair(self, name: str, node: MigNode) -> None:
+        """Replace a spec the agent refused (see `refused_spec_repair`), once per spec."""
+        term = self.state.effects.term
+        spec = refused_spec_repair(node, term.token if term is not None else None)
+        if spec is None or not self.state.leading() or name in self._repairing:
+            return
+        self._repairing.add(name)
+        task = asyncio.create_task(self._repair(name, spec), name=f"repair-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _repair(self, name: str, spec: MigNodeSpec) -> None:
+        try:
+            written = await self.state.effects.write_spec(name, spec)
+            self.state.written[name] = written
+            log.warning("refused_spec_replaced", node=name, plan_id=spec.plan_id)
+        except (ApiException, MigpartError, TimeoutError) as error:
+            log.warning("refused_spec_not_replaced", node=name, error=str(error)[:300])
+        finally:
+            self._repairing.discard(name)
 
     def publish(self, name: str) -> None:
         """Publish the node's slice from the newest MigNode seen: one write task per node at a
@@ -104,9 +138,11 @@ class MigNodeWatch(Index):
             await self._slices_listed.wait()
             while name in self:  # not deleted meanwhile
                 self._again.discard(name)
+                if not self.state.leading():
+                    return  # a standby writes nothing; taking over publishes every node
                 async with self._publishing:
                     try:
-                        await self.state.publisher.publish(name)
+                        await self.state.effects.publish(name)
                     except (ApiException, MigpartError, TimeoutError) as error:
                         log.warning(
                             "resource_slice_write_failed", node=name, error=str(error)[:300]

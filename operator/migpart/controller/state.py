@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from migpart.api.models import MigNode
-from migpart.controller.effects import Effects, KubeEffects
+from migpart.controller.effects import Effects
 from migpart.controller.health import NodeHealth
 from migpart.controller.metrics import Metrics
 from migpart.controller.scope import ScopeCache
@@ -22,6 +22,7 @@ from migpart.controller.workers import Workers
 from migpart.dra import DeviceId
 from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
+from migpart.kube.election import LeaderElector
 from migpart.kube.slices import SlicePublisher
 from migpart.kube.snapshot import SnapshotCache
 from migpart.kube.watch import Index
@@ -88,6 +89,9 @@ class OperatorState:
     api: ApiClient
     credentials: Credentials
     publisher: SlicePublisher
+    # what the operator does to the world: the API server (`KubeEffects`), or a test's
+    # `InMemoryEffects`; bound to the leadership term held now (`lead`)
+    effects: Effects
     metrics: Metrics = field(default_factory=Metrics)
     hooks: Hooks = field(default_factory=Hooks)
     tick_s: float = 1.0
@@ -134,6 +138,8 @@ class OperatorState:
     # operator's own tasks besides the resync: Lease watch, health checks, CRD wait
     health: NodeHealth = field(default_factory=NodeHealth)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # the leader election (None: none, this operator always writes)
+    elector: LeaderElector | None = None
     # node -> the Stale condition its MigNode must still get (True) or lose (False)
     stale_marks: dict[str, bool] = field(default_factory=dict)
     # nodes whose MigNode says Stale=True now (from the MigNode events)
@@ -141,12 +147,10 @@ class OperatorState:
     # node -> the resourceVersion our last Stale write went over: while the newest body seen is
     # still that one, it does not show the write yet and cannot tell whether one is needed
     stale_written_over: dict[str, str] = field(default_factory=dict)
-    # what rounds do to the world; by default the API server (tests pass InMemoryEffects)
-    effects: Effects = None  # type: ignore[assignment]
 
-    def __post_init__(self) -> None:
-        if self.effects is None:
-            self.effects = KubeEffects(self.api, self.publisher, self.scopes)
+    def leading(self) -> bool:
+        """Whether this operator leads now (its writes would be sent)."""
+        return self.effects.leading()
 
     def wake_all(self) -> None:
         self.changes += 1

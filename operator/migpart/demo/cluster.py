@@ -26,6 +26,8 @@ from migpart.testbed.run import terminate_all
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "crds"
 DEVICE_CLASS = REPO / "manifests" / "deviceclass.yaml"
+# where the operators' election Lease lives (the operator's default outside a pod)
+OPERATOR_NAMESPACE = "migpart-system"
 
 
 @dataclass
@@ -63,9 +65,19 @@ class LocalCluster:
     # tests/e2e/test_image.py runs the built image instead.
     launch: Callable[[str, list[str]], list[str]] | None = None
     _operator: tuple[subprocess.Popen[bytes], IO[bytes]] | None = None
+    # the kubeconfig the operators use (default: the testbed's; the chaos harness puts a proxy
+    # between them and the API server)
+    operator_kubeconfig: Path | None = None
+    # more operators (leader election: standbys), by name
+    _operators: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
 
     def install(self) -> None:
-        """CRDs (waiting until Established) and the DeviceClass; idempotent."""
+        """CRDs (waiting until Established), the DeviceClass and the operators' namespace
+        (their election Lease); idempotent."""
+        namespace = (
+            f'{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{OPERATOR_NAMESPACE}"}}}}'
+        )
+        self.testbed.kubectl("apply", "-f", "-", input=namespace)
         self.testbed.kubectl("apply", "-f", str(CRDS))
         self.testbed.kubectl(
             "wait",
@@ -202,7 +214,7 @@ class LocalCluster:
             [
                 "operator",
                 "--kubeconfig",
-                str(self.testbed.kubeconfig),
+                str(self.operator_kubeconfig or self.testbed.kubeconfig),
                 "--metrics-port",
                 "0",
                 *extra,
@@ -214,6 +226,45 @@ class LocalCluster:
             _terminate(*self._operator)
             self._operator = None
 
+    def spawn_operator(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        """Start one more operator (its log: logs/<name>.log), besides `start_operator`'s;
+        `stop()` ends it, as does `end_operator`."""
+        self.end_operator(name)
+        self._operators[name] = self._spawn(
+            name,
+            [
+                "operator",
+                "--kubeconfig",
+                str(self.operator_kubeconfig or self.testbed.kubeconfig),
+                "--metrics-port",
+                "0",
+                *args,
+            ],
+        )
+        return self._operators[name][0]
+
+    def operators(self) -> dict[str, subprocess.Popen[bytes]]:
+        """Every operator process running: `start_operator`'s as "operator", and those of
+        `spawn_operator` by their names."""
+        running = {name: proc for name, (proc, _) in self._operators.items()}
+        if self._operator is not None:
+            running["operator"] = self._operator[0]
+        return running
+
+    def end_operator(self, name: str, *, kill: bool = False) -> None:
+        """SIGTERM (a clean exit: it releases its Lease) or SIGKILL an operator of
+        `spawn_operator`."""
+        spawned = self._operators.pop(name, None)
+        if spawned is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(spawned[0].pid, signal.SIGCONT)  # a frozen one could not exit
+        if kill:
+            _kill(spawned[0])
+            spawned[1].close()
+        else:
+            _terminate(*spawned)
+
     def check_alive(self) -> None:
         """Raise with the log tail of any component that died."""
         self.testbed.check_alive()
@@ -223,6 +274,7 @@ class LocalCluster:
         procs = [(f"agent-{n.name}", n.proc) for n in self.nodes.values() if n.proc is not None]
         if self._operator:
             procs.append(("operator", self._operator[0]))
+        procs += [(name, proc) for name, (proc, _) in self._operators.items()]
         for name, proc in procs:
             if proc.poll() is not None:
                 log = self.dir / "logs" / f"{name}.log"
@@ -240,6 +292,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         self.stop_operator()
+        for name in list(self._operators):
+            self.end_operator(name)
         for name in list(self.nodes):
             kubelet = self.nodes[name].kubelet
             if kubelet is not None:

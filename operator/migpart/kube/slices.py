@@ -57,6 +57,8 @@ DIGEST_ANNOTATION = "migpart.io/devices-digest"
 SLICE_LABELS = {"app.kubernetes.io/managed-by": "migpart"}
 
 Device = dict[str, Any]
+# Called right before a slice write is sent; raises to stop it (None: no check).
+Fence = Callable[[], None] | None
 
 
 def slice_name(node: str) -> str:
@@ -430,15 +432,15 @@ class SlicePublisher:
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
-    async def withdraw(self, name: str, devices: Iterable[str]) -> Published:
+    async def withdraw(self, name: str, devices: Iterable[str], fence: Fence = None) -> Published:
         """Destroy protocol step 1: republish the slice without `devices`."""
         self._withdrawn.setdefault(name, set()).update(devices)
-        return await self.publish(name)
+        return await self.publish(name, fence)
 
-    async def restore(self, name: str, devices: Iterable[str]) -> Published:
+    async def restore(self, name: str, devices: Iterable[str], fence: Fence = None) -> Published:
         """Undo a withdrawal (devices found allocated, or the plan kept them)."""
         self._withdrawn.setdefault(name, set()).difference_update(devices)
-        return await self.publish(name)
+        return await self.publish(name, fence)
 
     def settle(self, node: MigNode) -> None:
         """Drop withdrawals that are complete: the instance left the status, or the spec no
@@ -452,15 +454,18 @@ class SlicePublisher:
             device.device for _, _, device, wanted in _instances(node) if wanted
         )
 
-    async def publish(self, name: str) -> Published:
-        """Write the slice of node `name` if its content changed (generation + 1)."""
+    async def publish(self, name: str, fence: Fence = None) -> Published:
+        """Write the slice of node `name` if its content changed (generation + 1). `fence` is
+        called right before each request that writes, and raises to stop it (the operator's
+        leadership: controller/effects.py)."""
         async with self._lock(name):
             node = self._nodes.get(name)
             if node is None:
                 raise StaleSnapshot(f"no MigNode {name!r} seen yet")
             held = bool(self.gate(name)) if self.gate is not None else False
             content = self._content(name, node, held)
-            result = await self._write(name, content, mignode_owner(node), create=not held)
+            owner = mignode_owner(node)
+            result = await self._write(name, content, owner, create=not held, fence=fence)
         if result.written:
             log.info(
                 "resource_slice_published",
@@ -483,7 +488,13 @@ class SlicePublisher:
         return content
 
     async def _write(
-        self, name: str, content: SliceContent, owner: dict[str, Any] | None, *, create: bool
+        self,
+        name: str,
+        content: SliceContent,
+        owner: dict[str, Any] | None,
+        *,
+        create: bool,
+        fence: Fence,
     ) -> Published:
         """Write the content's devices if they differ from the slice's; `create`: also when
         there is no slice (else leave it absent)."""
@@ -494,10 +505,12 @@ class SlicePublisher:
             current = self._slices.get(name)
             if current is not None and current.digest == digest:  # the resync's usual case
                 return Published(name, current.generation, False, names, current.resource_version)
+            if current is None and not create:
+                return Published(name, self._floors.get(name, 0), False, frozenset(), None)
+            if fence is not None:
+                fence()  # nothing awaited from here to the request
             api = CustomObjectsApi(self.api)
             if current is None:
-                if not create:
-                    return Published(name, self._floors.get(name, 0), False, frozenset(), None)
                 generation = self._floors.get(name, 0) + 1
                 body = slice_body(name, devices, generation, owner, digest=digest)
                 try:

@@ -31,11 +31,18 @@ class Publisher:
     def forget(self, name: str) -> None:
         self.forgotten.append(name)
 
+    term = None  # as the effects port: no election
+
+    def leading(self) -> bool:  # as the effects port: this operator leads
+        return True
+
 
 def watch() -> tuple[MigNodeWatch, Publisher, asyncio.Event]:
     publisher = Publisher()
     none = cast(Any, None)
-    state = OperatorState(api=none, credentials=none, publisher=cast(Any, publisher))
+    # the recorder stands in for the publisher and for the write port that publishes through it
+    fake = cast(Any, publisher)
+    state = OperatorState(api=none, credentials=none, publisher=fake, effects=fake)
     listed = asyncio.Event()
     return MigNodeWatch(state, listed), publisher, listed
 

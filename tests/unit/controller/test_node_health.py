@@ -317,9 +317,7 @@ def test_a_check_looks_only_at_what_can_have_changed_and_agrees_with_a_full_pass
     assert h.check() == sorted(nodes)
 
 
-async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last_write(
-    monkeypatch: Any,
-) -> None:
+async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last_write() -> None:
     """Stale=True written, then cleared (Stale=False written over revision 5); the node goes
     stale again before the watch shows the clear. The body seen (revision 5) still says
     Stale=True, which would make the new mark look done: it must wait for a newer body, and
@@ -327,16 +325,16 @@ async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last
     from migpart.controller import handlers
     from migpart.kube.slices import SlicePublisher
 
-    writes: list[tuple[str, str, str]] = []
-
-    async def patch(api: Any, node: str, version: str, conditions: list[Condition]) -> None:
-        (stale,) = [c.status for c in conditions if c.type == "Stale"]
-        writes.append((node, version, stale))
-
-    monkeypatch.setattr(handlers, "patch_mignode_conditions", patch)
+    effects = InMemoryEffects()
     publisher = SlicePublisher(cast(Any, None))
     none = cast(Any, None)
-    state = OperatorState(api=none, credentials=none, publisher=publisher, effects=none)
+    state = OperatorState(api=none, credentials=none, publisher=publisher, effects=effects)
+
+    def writes() -> list[tuple[str, str, str]]:
+        return [
+            (node, version, next(c.status for c in conditions if c.type == "Stale"))
+            for node, version, conditions in effects.conditions
+        ]
 
     def seen(revision: int, stale: str | None) -> None:
         body = mignode("a", revision, gpus=[])
@@ -349,12 +347,12 @@ async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last
     seen(5, "True")
     state.stale_marks["a"] = False  # the agent renews again: clear it
     await handlers.mark_stale(state)
-    assert writes == [("a", "5", "False")]
+    assert writes() == [("a", "5", "False")]
     state.stale_marks["a"] = True  # stale again before the watch showed the clear
     await handlers.mark_stale(state)
-    assert writes == [("a", "5", "False")]
+    assert writes() == [("a", "5", "False")]
     assert state.stale_marks == {"a": True}  # kept: revision 5 cannot tell
     seen(6, "False")  # the watch shows the clear
     await handlers.mark_stale(state)
-    assert writes == [("a", "5", "False"), ("a", "6", "True")]
+    assert writes() == [("a", "5", "False"), ("a", "6", "True")]
     assert state.stale_marks == {}

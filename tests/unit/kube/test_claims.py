@@ -9,6 +9,7 @@ from typing import Any, cast
 import yaml
 
 from migpart.api.models import MigInstanceStatus, MigNodeStatus
+from migpart.controller.effects import InMemoryEffects
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster, scope_of
 from migpart.controller.state import FRESH_S, OperatorState, Sighting
@@ -179,7 +180,10 @@ def test_a_claim_prepared_on_a_node_is_not_planned_again_while_the_watches_lag()
 
 def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
     state = OperatorState(
-        api=cast(Any, None), credentials=cast(Any, None), publisher=cast(Any, None)
+        api=cast(Any, None),
+        credentials=cast(Any, None),
+        publisher=cast(Any, None),
+        effects=InMemoryEffects(),
     )
     now, long_ago = time.monotonic(), time.monotonic() - FRESH_S - 1
     lagging_device = DeviceId("n1", "gpu-0-1g10gb-0")

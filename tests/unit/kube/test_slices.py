@@ -299,3 +299,29 @@ def test_a_write_response_older_than_a_watched_deletion_does_not_revive_the_slic
     publisher._wrote("n1", watched("n1", 6, 310))
     assert publisher._slices["n1"].generation == 6
     assert "n1" not in publisher._deleted
+
+
+async def test_a_fenced_publish_sends_nothing() -> None:
+    """The fence runs right before the write: when it raises, no request is made (the
+    publisher has no client here: one would fail differently)."""
+    from migpart.errors import NotLeader
+
+    publisher = SlicePublisher(cast(Any, None))
+    n1 = node([gpu(0, ("1g.10gb", 0, "Free"))]).model_copy(update={"metadata": {"name": "n1"}})
+    publisher.observe(n1)
+    checked: list[str] = []
+
+    def fence() -> None:
+        checked.append("n1")
+        raise NotLeader("slice n1: not written")
+
+    with pytest.raises(NotLeader):
+        await publisher.publish("n1", fence)
+    with pytest.raises(NotLeader):
+        await publisher.withdraw("n1", ["gpu-0-1g10gb-0"], fence)
+    assert checked == ["n1", "n1"]
+    # a publish that needs no write does not ask
+    publisher.observe_slice(watched_with("n1", slice_devices(n1)))
+    publisher._withdrawn.clear()
+    assert not (await publisher.publish("n1", fence)).written
+    assert checked == ["n1", "n1"]
