@@ -752,6 +752,7 @@ class Size:
                 str(self.operator_kubeconfig),
                 "--metrics-port",
                 "0",
+                "--leader-elect" if self.args.leader_elect else "--no-leader-elect",
             ],
         )
         await asyncio.sleep(QUIET_WINDOW_S)  # let it get going before asking if it is quiet
@@ -1208,6 +1209,13 @@ def main() -> int:
     )
     p.add_argument("--keep", action="store_true", help="keep each size's logs and audit log")
     p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the operator elects itself leader with a Lease, as in a cluster (default: on); "
+        "--no-leader-elect measures it without, for the comparison",
+    )
+    p.add_argument(
         "--no-baseline",
         dest="baseline",
         action="store_false",
@@ -1226,7 +1234,8 @@ def main() -> int:
     qps = f"--kube-api-qps {args.scheduler_qps}" if args.scheduler_qps else "default API QPS (50)"
     print(
         f"migpart scale: {GPUS_PER_NODE} x {H100} per node, {args.pods_per_node} pods per node, "
-        f"NVML latency {args.latency_ms:.0f} ms, seed {SEED}; kube-scheduler {qps}\n"
+        f"NVML latency {args.latency_ms:.0f} ms, seed {SEED}; kube-scheduler {qps}; "
+        f"leader election {'on' if args.leader_elect else 'off'}\n"
         "kubelets: none, pods are bound not run (light stand-in); all agents in one process"
         f" (nice {AGENTS_NICE} where permitted: they stand for machines of their own)",
         flush=True,
