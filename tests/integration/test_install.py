@@ -253,9 +253,16 @@ def test_kustomize_overlay_in_another_namespace_keeps_agents_confined(
     manifest = run("kustomize", "build", str(overlay)).stdout
     assert "migpart-system" not in manifest
     built = [d for d in yaml.safe_load_all(manifest) if d]
-    lease_rbac = {d["metadata"]["namespace"] for d in built if d["kind"] in ("Role", "RoleBinding")}
-    # `namespace:` alone moves them too: the agents could not renew their Leases
-    assert lease_rbac == ({LEASE_NAMESPACE} if keep_leases else {namespace})
+    roles = {
+        (d["kind"], d["metadata"]["name"]): d["metadata"]["namespace"]
+        for d in built
+        if d["kind"] in ("Role", "RoleBinding")
+    }
+    # the operators' election Lease is in migpart's own namespace, wherever that is
+    assert roles.pop(("Role", "migpart-operator-election")) == namespace
+    assert roles.pop(("RoleBinding", "migpart-operator-election")) == namespace
+    # `namespace:` alone moves the node Lease ones too: the agents could not renew their Leases
+    assert set(roles.values()) == ({LEASE_NAMESPACE} if keep_leases else {namespace})
     (tmp_path / "built.yaml").write_text(manifest)
     bed.kubectl("apply", "--server-side", "-f", str(tmp_path / "built.yaml"))
     bed.kubectl(

@@ -14,6 +14,7 @@ import json
 import pytest
 
 from migpart.api.leases import LEASE_NAMESPACE
+from migpart.demo.cluster import OPERATOR_NAMESPACE
 from migpart.testbed import Testbed
 
 pytestmark = pytest.mark.integration
@@ -153,8 +154,9 @@ def test_lease_rights_are_in_kube_node_lease_only(
 
 @pytest.mark.parametrize("account", [OPERATOR, AGENT])
 def test_service_accounts_hold_only_the_lease_role(installed: Testbed, account: str) -> None:
-    """Besides their ClusterRole, the one namespaced binding naming them is the Lease one in
-    kube-node-lease (a Secret reader could hide in another)."""
+    """Besides their ClusterRole, the namespaced bindings naming them are the Lease ones: the
+    node Leases in kube-node-lease, and for the operator its election Lease in its own
+    namespace, which grants Leases and nothing else (a Secret reader could hide in another)."""
     bindings = json.loads(installed.kubectl("get", "rolebindings", "-A", "-o", "json"))["items"]
     named = [
         (b["metadata"]["namespace"], b["roleRef"]["name"])
@@ -162,4 +164,15 @@ def test_service_accounts_hold_only_the_lease_role(installed: Testbed, account: 
         for s in b.get("subjects") or []
         if s.get("kind") == "ServiceAccount" and s.get("name") == account
     ]
-    assert [ns for ns, _ in named] == [LEASE_NAMESPACE]
+    own = [(OPERATOR_NAMESPACE, "migpart-operator-election")] if account == OPERATOR else []
+    assert sorted(ns for ns, _ in named) == sorted([LEASE_NAMESPACE] + [ns for ns, _ in own])
+    for namespace, role in own:
+        assert (namespace, role) in named
+        rules = json.loads(installed.kubectl("get", "role", role, "-n", namespace, "-o", "json"))
+        assert rules["rules"] == [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "create", "update"],
+            }
+        ]
