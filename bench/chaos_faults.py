@@ -36,11 +36,13 @@ from typing import Any
 import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from migpart.kube.election import DEFAULT_NAMESPACE, LEASE_DURATION_S, LEASE_NAME, MANAGER_PREFIX
+
 ELECTION_FAULTS = ("second-operator", "operator-freeze", "agent-freeze", "apiserver-partition")
-LEASE = "migpart-operator"
-LEASE_NAMESPACE = "migpart-system"
-MANAGER = "migpart-operator-"
-OPERATOR_LEASE_S = 15.0  # the operators' --leader-elect-lease-duration (their default)
+LEASE = LEASE_NAME
+LEASE_NAMESPACE = DEFAULT_NAMESPACE
+MANAGER = MANAGER_PREFIX
+OPERATOR_LEASE_S = LEASE_DURATION_S  # the operators' --leader-elect-lease-duration (default)
 AGENT_LEASE_S = 25.0  # the operator's --lease-timeout-seconds for the agents (its default)
 SLACK_S = 2.0
 

@@ -25,11 +25,12 @@ import pytest
 
 from migpart.demo.cluster import OPERATOR_NAMESPACE, LocalCluster
 from migpart.dra import DRIVER
+from migpart.kube.election import MANAGER_PREFIX
 from migpart.mig import device_name
 from tests.e2e.conftest import H100, LEASE_TIMEOUT_S, Scenario, wait_s
 
 pytestmark = pytest.mark.e2e
-MANAGER = "migpart-operator-"
+MANAGER = MANAGER_PREFIX
 # the destroy protocol's grace: long enough to freeze the leader inside its destroy window
 GRACE_S = 6
 _pairs = itertools.count(1)

@@ -14,7 +14,6 @@ import json
 import pytest
 
 from migpart.api.leases import LEASE_NAMESPACE
-from migpart.demo.cluster import OPERATOR_NAMESPACE
 from migpart.testbed import Testbed
 
 pytestmark = pytest.mark.integration
@@ -164,7 +163,7 @@ def test_service_accounts_hold_only_the_lease_role(installed: Testbed, account: 
         for s in b.get("subjects") or []
         if s.get("kind") == "ServiceAccount" and s.get("name") == account
     ]
-    own = [(OPERATOR_NAMESPACE, "migpart-operator-election")] if account == OPERATOR else []
+    own = [(NAMESPACE, "migpart-operator-election")] if account == OPERATOR else []
     assert sorted(ns for ns, _ in named) == sorted([LEASE_NAMESPACE] + [ns for ns, _ in own])
     for namespace, role in own:
         assert (namespace, role) in named

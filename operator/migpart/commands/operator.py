@@ -27,13 +27,18 @@ from migpart.controller.handlers import Election, OperatorConfig, build_registry
 from migpart.controller.health import REGISTRATION_GRACE_S, await_crds, serve
 from migpart.controller.metrics import Metrics
 from migpart.kube.client import KubeconfigError, api_client, load_configuration
+from migpart.kube.election import (
+    DEFAULT_NAMESPACE,
+    LEASE_NAME,
+    RENEW_DEADLINE_S,
+    RETRY_PERIOD_S,
+    new_identity,
+)
 from migpart.kube.election import LEASE_DURATION_S as ELECTION_LEASE_S
-from migpart.kube.election import LEASE_NAME, RENEW_DEADLINE_S, RETRY_PERIOD_S, new_identity
 
 log = structlog.get_logger(__name__)
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-DEFAULT_NAMESPACE = "migpart-system"
 
 
 def own_namespace(env: dict[str, str] | None = None, path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:

@@ -56,6 +56,7 @@ from migpart.kube.election import (
     Term,
     Unelected,
     new_identity,
+    user_agent,
 )
 from migpart.kube.leases import stale_conditions, watch_leases
 from migpart.kube.slices import Published, SlicePublisher, SliceWatch, watch_slices
@@ -131,7 +132,7 @@ async def startup(
     leadership: Leadership = elector if elector is not None else Unelected()
     if elector is not None:
         # the identity in every request's user agent, so in each write's managedFields manager
-        api.user_agent = f"migpart-operator-{elector.identity}/0.1.0"
+        api.user_agent = user_agent(elector.identity)
     health = NodeHealth(
         timeout_s=config.lease_timeout_s, registration_grace_s=config.registration_grace_s
     )

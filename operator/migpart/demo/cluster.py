@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from migpart.dra import DRIVER
+from migpart.kube.election import DEFAULT_NAMESPACE
 from migpart.testbed import Testbed
 from migpart.testbed.kubelet import NodeKubelet
 from migpart.testbed.run import terminate_all
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "crds"
 DEVICE_CLASS = REPO / "manifests" / "deviceclass.yaml"
 # where the operators' election Lease lives (the operator's default outside a pod)
-OPERATOR_NAMESPACE = "migpart-system"
+OPERATOR_NAMESPACE = DEFAULT_NAMESPACE
 
 
 @dataclass

@@ -42,12 +42,23 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from migpart import __version__
+
 log = structlog.get_logger(__name__)
 
 LEASE_NAME = "migpart-operator"
+# the Lease's namespace outside a pod (no $POD_NAMESPACE, no service account): the manifests'
+DEFAULT_NAMESPACE = "migpart-system"
+# each operator's user agent, so each write's managedFields manager names the identity
+MANAGER_PREFIX = "migpart-operator-"
 LEASE_DURATION_S = 15.0
 RENEW_DEADLINE_S = 10.0
 RETRY_PERIOD_S = 2.0
+
+
+def user_agent(identity: str) -> str:
+    """The user agent of an operator that campaigns as `identity`."""
+    return f"{MANAGER_PREFIX}{identity}/{__version__}"
 
 
 def new_identity() -> str:
