@@ -60,7 +60,7 @@ import random
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,16 @@ FAULTS = (
 # Not a fault migpart must survive but a check of the monitor: a buggy agent destroys an
 # instance in use (the monitor must count it).
 SELF_CHECKS = ("sabotage",)
+# The processes a fault acts on: two faults on the same ones wait for each other.
+_TARGET = {
+    "operator-kill": "operators",
+    "second-operator": "operators",
+    "operator-freeze": "operators",
+    "apiserver-partition": "operators",
+    "agent-kill": "agents",
+    "agent-freeze": "agents",
+    "node-delete": "agents",
+}
 LEAK_S = 60.0
 STUCK_S = 120.0
 
@@ -220,6 +230,7 @@ class Chaos:
         self.args = args
         self.cluster = cluster
         self.rng = random.Random(args.seed)
+        self._target_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.core = client.CoreV1Api(api)
         self.resource = client.ResourceV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -507,10 +518,21 @@ class Chaos:
         self.c.notes.append(f"sabotage {device}")
 
     async def faults(self, until: float) -> None:
+        """Two lanes at once: the short faults, and the long election faults (10-60 s each)
+        beside them, so that a soak injects both at the short faults' pace. Two faults that
+        act on the same processes (the operators, the agents) never overlap."""
+        long = [k for k in self.args.kinds if k in ELECTION_FAULTS]
+        short = [k for k in self.args.kinds if k not in ELECTION_FAULTS]
+        lanes = [self._lane(kinds, until) for kinds in (short, long) if kinds]
+        await asyncio.gather(*lanes)
+
+    async def _lane(self, kinds: list[str], until: float) -> None:
         while time.monotonic() < until:
             await asyncio.sleep(self.rng.expovariate(1.0 / self.args.fault_every))
-            if self.args.kinds and time.monotonic() < until:
-                kind = self.rng.choice(self.args.kinds)
+            if time.monotonic() >= until:
+                return
+            kind = self.rng.choice(kinds)
+            async with self._target_locks[_TARGET.get(kind, kind)]:
                 try:
                     await self.inject(kind)
                 except (client.ApiException, aiohttp.ClientError, TimeoutError) as err:
