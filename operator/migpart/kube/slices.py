@@ -45,9 +45,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode
 from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION, DeviceId
 from migpart.errors import StaleSnapshot
-from migpart.kube.cel import slice_device
 from migpart.kube.watch import follow, label_selector
 from migpart.mig import Instance, Profile
+from migpart.slice_content import slice_device
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +79,7 @@ def _instances(node: MigNode) -> Iterable[tuple[GpuStatus, MigInstanceStatus, De
 
 
 def instance_device(gpu: GpuStatus, inst: MigInstanceStatus) -> Device:
-    """The slice device of one created instance: `cel.slice_device`, the one definition that
+    """The slice device of one created instance: `slice_device`, the one definition that
     claim selectors are also evaluated against (`cel.virtual_device`), so that what the
     planner expects to match is what the scheduler sees."""
     info = next((p for p in gpu.profiles if p.name == inst.profile), None)
