@@ -85,7 +85,8 @@ OPERATOR_NEEDS = {
     ("", "nodes", "watch"),
     ("resource.k8s.io", "deviceclasses", "list"),
     ("resource.k8s.io", "deviceclasses", "watch"),
-    # kube/slices.py watch_slices (own watch); SlicePublisher._read / create / replace
+    # kube/slice_watch.py watch_slices (own watch); kube/slice_publisher.py SlicePublisher
+    # _read / create / replace
     ("resource.k8s.io", "resourceslices", "list"),
     ("resource.k8s.io", "resourceslices", "watch"),
     ("resource.k8s.io", "resourceslices", "get"),

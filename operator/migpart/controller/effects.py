@@ -39,7 +39,7 @@ from migpart.kube.objects import (
     patch_mignode_spec,
     patch_policy_status,
 )
-from migpart.kube.slices import Published, SlicePublisher
+from migpart.kube.slice_publisher import Published, SlicePublisher
 
 log = structlog.get_logger(__name__)
 

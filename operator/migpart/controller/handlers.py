@@ -2,9 +2,9 @@
 
 The handlers themselves live where their subject does: the indexes in `indexes.py`, the
 planning loop in `loop.py` (one per policy, started and stopped from the policy watch here,
-run by `workers.py`), the slice publisher in `kube/slices.py`. `build_registry` puts them on
-a registry of its own rather than kopf's global one, so that a test can run a whole operator
-in-process next to its own test code.
+run by `workers.py`), the slice publisher in `kube/slice_publisher.py` and the slice watch in
+`kube/slice_watch.py`. `build_registry` puts them on a registry of its own rather than kopf's
+global one, so that a test can run a whole operator in-process next to its own test code.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ from migpart.kube.election import (
     user_agent,
 )
 from migpart.kube.leases import stale_conditions, watch_leases
-from migpart.kube.slices import Published, SlicePublisher, SliceWatch, watch_slices
+from migpart.kube.slice_publisher import Published, SlicePublisher
+from migpart.kube.slice_watch import SliceWatch, watch_slices
 
 log = structlog.get_logger(__name__)
 

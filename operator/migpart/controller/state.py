@@ -23,7 +23,7 @@ from migpart.dra import DeviceId
 from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
 from migpart.kube.election import LeaderElector
-from migpart.kube.slices import SlicePublisher
+from migpart.kube.slice_publisher import SlicePublisher
 from migpart.kube.snapshot import SnapshotCache
 from migpart.kube.watch import Index
 from migpart.planning.model import Plan, Request

@@ -3,8 +3,8 @@
 The operator must know which MIG profiles would satisfy a pending ResourceClaim before any
 device of that profile exists: it evaluates the DeviceClass and request selectors against a
 *virtual* device of each profile, built exactly like the device the ResourceSlice will publish
-(`slice_device` is that one definition; the slice publisher uses it too, so that the two never
-disagree).
+(`migpart.slice_content.slice_device` is that one definition; the slice publisher uses it too,
+so that the two never disagree).
 
 cel-python implements the CEL language and its standard functions; Kubernetes adds libraries
 that DRA selectors use in practice, implemented with Kubernetes semantics in `cel_library.py`:
@@ -41,10 +41,10 @@ from celpy.evaluation import CELEvalError, CELSyntaxError, CELUnsupportedError, 
 from migpart.dra import DRIVER
 from migpart.errors import InvalidInput
 from migpart.kube.cel_library import FUNCTIONS, Quantity, Semver
-from migpart.mig.profiles import device_name
+from migpart.slice_content import slice_device
 
 if TYPE_CHECKING:
-    from migpart.mig.profiles import ModelTable, Profile
+    from migpart.mig.profiles import ModelTable
 
 
 class SelectorError(InvalidInput):
@@ -216,50 +216,6 @@ def device_from_slice(driver: str, device: Mapping[str, Any]) -> Device:
         capacity=capacity,
         allow_multiple_allocations=bool(device.get("allowMultipleAllocations", False)),
     )
-
-
-def slice_device(
-    gpu_index: int,
-    profile: Profile,
-    start: int,
-    product_name: str,
-    parent_uuid: str = "",
-    uuid: str = "",
-) -> dict[str, Any]:
-    """The resource.k8s.io/v1 ResourceSlice device entry of one MIG instance.
-
-    The one definition of what a migpart device publishes: the slice publisher
-    (`migpart.kube.slices.instance_device`) builds its devices here, and `virtual_device`
-    evaluates selectors against exactly this.
-    """
-    engines = {
-        "copyEngines": profile.copy_engines,
-        "decoders": profile.decoders,
-        "encoders": profile.encoders,
-        "jpegs": profile.jpegs,
-        "ofas": profile.ofas,
-    }
-    # Engines are published only where the profile has some; a selector on a missing one
-    # errors, in the planner as in the scheduler.
-    capacity = {
-        "memory": {"value": str(profile.memory_mib * 1024 * 1024)},
-        "multiprocessors": {"value": str(profile.multiprocessors)},
-        "computeSlices": {"value": str(profile.compute_slices)},
-        "memorySlices": {"value": str(profile.memory_slices)},
-    }
-    capacity.update({k: {"value": str(v)} for k, v in engines.items() if v > 0})
-    return {
-        "name": device_name(gpu_index, profile.name, start),
-        "attributes": {
-            "profile": {"string": profile.name},
-            "productName": {"string": product_name},
-            "parentUUID": {"string": parent_uuid},
-            "uuid": {"string": uuid},
-            "gpuIndex": {"int": gpu_index},
-            "placementStart": {"int": start},
-        },
-        "capacity": capacity,
-    }
 
 
 def virtual_device(

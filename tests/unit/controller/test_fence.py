@@ -17,7 +17,7 @@ from migpart.controller.reconcile import PolicyRound
 from migpart.controller.state import OperatorState
 from migpart.errors import NotLeader
 from migpart.kube.election import InMemoryLeaseStore, LeaderElector, Unelected
-from migpart.kube.slices import SlicePublisher
+from migpart.kube.slice_publisher import SlicePublisher
 from migpart.mig import Instance
 from tests.unit.controller.factories import claim
 from tests.unit.controller.test_round import one_gpu, world

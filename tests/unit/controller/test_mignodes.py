@@ -92,7 +92,9 @@ async def test_a_deleted_slice_is_written_again_through_the_nodes_one_write_task
     """The slice watch hands a deleted slice to the MigNode watch: a write for the node already
     in flight then gives exactly one more, as for any MigNode event."""
     from migpart.dra import DRIVER
-    from migpart.kube.slices import SlicePublisher, SliceWatch, slice_name
+    from migpart.kube.slice_publisher import SlicePublisher
+    from migpart.kube.slice_watch import SliceWatch
+    from migpart.slice_content import slice_name
 
     w, publisher, listed = watch()
     real = SlicePublisher(api=cast(Any, None))
@@ -119,7 +121,9 @@ async def test_a_slice_deleted_while_the_watch_was_down_is_written_again_at_the_
     follows does not hold it, the publisher forgets it and the node's write task writes it
     again (before, the view kept it, and every resync found its digest unchanged)."""
     from migpart.dra import DRIVER
-    from migpart.kube.slices import SlicePublisher, SliceWatch, slice_name
+    from migpart.kube.slice_publisher import SlicePublisher
+    from migpart.kube.slice_watch import SliceWatch
+    from migpart.slice_content import slice_name
 
     w, publisher, listed = watch()
     real = SlicePublisher(api=cast(Any, None))
@@ -140,6 +144,6 @@ async def test_a_slice_deleted_while_the_watch_was_down_is_written_again_at_the_
     slices.listed([])
     await settle()
     assert publisher.published == ["a"]  # b has no MigNode: nothing to write for it
-    assert "a" not in real._slices
-    assert "b" not in real._slices
-    assert real._floors == {"a": 3, "b": 3}  # a new slice continues the generations
+    assert "a" not in real.view._slices
+    assert "b" not in real.view._slices
+    assert real.view._floors == {"a": 3, "b": 3}  # a new slice continues the generations

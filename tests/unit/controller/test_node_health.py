@@ -323,7 +323,7 @@ async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last
     Stale=True, which would make the new mark look done: it must wait for a newer body, and
     then be written."""
     from migpart.controller import handlers
-    from migpart.kube.slices import SlicePublisher
+    from migpart.kube.slice_publisher import SlicePublisher
 
     effects = InMemoryEffects()
     publisher = SlicePublisher(cast(Any, None))

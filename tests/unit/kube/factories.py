@@ -1,9 +1,13 @@
-"""MigNode pieces as an agent reports them, for the kube-layer unit tests."""
+"""MigNode pieces as an agent reports them, and slices as the watch shows them, for the
+kube-layer unit tests."""
 
 from __future__ import annotations
 
-from migpart.api.models import GpuStatus, MigInstanceStatus, ProfileInfo
+from typing import Any
+
+from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode, ProfileInfo
 from migpart.mig import builtin_table
+from migpart.slice_content import node_slices
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -25,3 +29,9 @@ def gpu(
             for p, s, state in instances
         ],
     )
+
+
+def watched_slice(node: str, generation: int, revision: int) -> dict[str, Any]:
+    """An empty slice of `node` at pool `generation`, as the watch shows it at `revision`."""
+    [content] = node_slices(MigNode(metadata={"name": node}))
+    return content.body(generation, str(revision))

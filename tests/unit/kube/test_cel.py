@@ -16,11 +16,11 @@ from migpart.kube.cel import (
     device_from_slice,
     evaluate,
     matches,
-    slice_device,
     virtual_device,
 )
 from migpart.kube.cel_library import Quantity, Semver, parse_quantity
 from migpart.mig import CATALOG
+from migpart.slice_content import slice_device
 
 H100 = CATALOG["NVIDIA H100 80GB HBM3"]
 H200 = CATALOG["NVIDIA H200"]

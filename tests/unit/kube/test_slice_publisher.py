@@ -1,0 +1,200 @@
+"""The slice writer: what it writes and when it writes nothing (no API call: the publisher has
+no client in these tests), the MigNode bodies it keeps, and its view of a slice after a write
+raced a deletion."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from migpart.api.models import (
+    GpuSpec,
+    GpuStatus,
+    MigInstanceSpec,
+    MigNode,
+    MigNodeSpec,
+    MigNodeStatus,
+)
+from migpart.kube import slice_publisher
+from migpart.kube.slice_publisher import SlicePublisher
+from migpart.kube.slice_watch import SliceState
+from migpart.slice_content import SliceContent, node_slices
+from tests.unit.kube.factories import gpu
+from tests.unit.kube.factories import watched_slice as watched
+
+
+def node(gpus: list[GpuStatus], spec: dict[int, list[tuple[str, int]]] | None = None) -> MigNode:
+    return MigNode(
+        metadata={"name": "n"},
+        spec=None
+        if spec is None
+        else MigNodeSpec(
+            plan_id="p",
+            gpus=[
+                GpuSpec(index=i, instances=[MigInstanceSpec(profile=p, start=s) for p, s in insts])
+                for i, insts in spec.items()
+            ],
+        ),
+        status=MigNodeStatus(gpus=gpus),
+    )
+
+
+def content(n: MigNode) -> SliceContent:
+    [only] = node_slices(n)
+    return only
+
+
+def names(n: MigNode) -> list[str]:
+    return [str(d["name"]) for d in content(n).devices]
+
+
+def watched_with(n: MigNode) -> dict[str, Any]:
+    """The slice of MigNode `n`'s content, as the watch shows it."""
+    return content(n).body(1, "10")
+
+
+def test_a_recreated_slice_continues_the_generations_of_the_deleted_one() -> None:
+    publisher = SlicePublisher(cast(Any, None))
+    publisher.view.observe(watched("n1", 7, 70))
+    assert publisher.view.deleted(watched("n1", 7, 70)) == "n1"
+    assert publisher.view._floors["n1"] == 7  # the next create writes generation 8
+    publisher.forget("n1")  # the MigNode went: a new one starts afresh
+    assert "n1" not in publisher.view._floors
+
+
+async def test_an_unavailable_node_without_a_slice_gets_none_written() -> None:
+    """No API call at all (the publisher has no client here): a wiped slice stays wiped."""
+    publisher = SlicePublisher(cast(Any, None), gate=lambda node: "LeaseExpired")
+    n1 = node([gpu(0, ("1g.10gb", 0, "Free"))])
+    publisher.observe(n1.model_copy(update={"metadata": {"name": "n1"}}))
+    result = await publisher.publish("n1")
+    assert not result.written
+    assert result.devices == frozenset()
+
+
+async def test_an_unchanged_node_is_neither_recomputed_nor_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The resync publishes every node every period: for a node whose MigNode, withdrawals
+    and availability did not change, that is a dict lookup (no API call: the publisher has no
+    client here)."""
+    publisher = SlicePublisher(cast(Any, None))
+    n1 = node([gpu(0, ("1g.10gb", 0, "Free"), ("1g.10gb", 1, "Free"))]).model_copy(
+        update={"metadata": {"name": "n1"}}
+    )
+    publisher.observe(n1)
+    devices = content(n1).devices
+    publisher.view.observe(watched_with(n1))
+    computed: list[MigNode] = []
+    compute = slice_publisher.node_slices
+
+    def counting(n: MigNode, *args: Any) -> list[SliceContent]:
+        computed.append(n)
+        return compute(n, *args)
+
+    monkeypatch.setattr(slice_publisher, "node_slices", counting)
+    for _ in range(3):
+        result = await publisher.publish("n1")
+        assert not result.written
+        assert result.devices == {str(d["name"]) for d in devices}
+    assert len(computed) == 1  # once, then from the cache
+    # a new body of the same MigNode (a watch event) is computed again ...
+    publisher.observe(n1.model_copy())
+    await publisher.publish("n1")
+    assert len(computed) == 2
+    # ... and so is a withdrawal, and a change of availability (both change the content)
+    current = publisher.node("n1")
+    assert current is not None
+    publisher._withdrawn["n1"] = {str(devices[0]["name"])}
+    assert len(publisher._content("n1", current, True)[0].devices) == 1
+    assert publisher._content("n1", current, False)[0].devices == []
+    assert len(computed) == 4
+
+
+def test_a_patch_response_older_than_a_watched_status_does_not_hide_its_instances() -> None:
+    """The race CI hit once: the operator patches a spec; the agent creates the instance and
+    writes its status; the watch shows that status before the patch's response is taken in.
+    Both bodies carry the same generation (a status write does not bump it); the response is
+    the older revision and must not replace the newer body, or the slice never lists the
+    instance (no later event would show it again)."""
+    publisher = SlicePublisher(cast(Any, None))
+    created = node([gpu(0, ("3g.40gb", 4, "Free"))], spec={0: [("3g.40gb", 4)]})
+    response = node([], spec={0: [("3g.40gb", 4)]})
+    publisher.observe(created.model_copy(update={"metadata": _meta(generation=2, rv="11")}))
+    publisher.observe(response.model_copy(update={"metadata": _meta(generation=2, rv="10")}))
+    kept = publisher.node("n1")
+    assert kept is not None
+    assert kept.metadata["resourceVersion"] == "11"
+    assert names(kept) == ["gpu-0-3g40gb-4"]
+    # and the other way round: a watch event older than a patch already seen is ignored too
+    older_spec = node([], spec={0: [("7g.80gb", 0)]})
+    publisher.observe(older_spec.model_copy(update={"metadata": _meta(generation=1, rv="9")}))
+    assert publisher.node("n1") is kept
+    # a newer body replaces it, whatever its generation
+    publisher.observe(response.model_copy(update={"metadata": _meta(generation=2, rv="12")}))
+    newest = publisher.node("n1")
+    assert newest is not None
+    assert newest.metadata["resourceVersion"] == "12"
+
+
+def test_without_revisions_the_generation_orders_mignode_bodies() -> None:
+    publisher = SlicePublisher(cast(Any, None))
+    first = node([gpu(0, ("1g.10gb", 0, "Free"))])
+    publisher.observe(first.model_copy(update={"metadata": {"name": "n1", "generation": 3}}))
+    publisher.observe(first.model_copy(update={"metadata": {"name": "n1", "generation": 2}}))
+    assert publisher.node("n1") is not None
+    assert publisher.node("n1").metadata["generation"] == 3  # type: ignore[union-attr]
+    same = first.model_copy(update={"metadata": {"name": "n1", "generation": 3, "x": 1}})
+    publisher.observe(same)
+    assert publisher.node("n1") is same  # a tie keeps the body seen last
+
+
+def _meta(*, generation: int, rv: str) -> dict[str, Any]:
+    return {"name": "n1", "generation": generation, "resourceVersion": rv}
+
+
+def test_a_write_response_older_than_a_watched_deletion_does_not_revive_the_slice() -> None:
+    """The replace is answered at revision 300; the watch shows the slice deleted at 301
+    before the response is taken in. The response must not bring the slice back into the
+    view, or the rewrite that the deletion asked for (and every resync) would find the digest
+    unchanged and never create it again. A GET answered before the deletion is the same."""
+    publisher = SlicePublisher(cast(Any, None))
+    view = publisher.view
+    view.observe(watched("n1", 4, 290))
+    assert view.deleted(watched("n1", 5, 301)) == "n1"
+    publisher._wrote("n1", watched("n1", 5, 300))
+    assert "n1" not in view._slices
+    assert view._floors["n1"] == 5  # the create that follows writes generation 6
+    view.keep("n1", SliceState.of(watched("n1", 5, 300)))
+    assert "n1" not in view._slices
+    # a slice written after the deletion is taken in, and the deletion is forgotten
+    publisher._wrote("n1", watched("n1", 6, 310))
+    assert view._slices["n1"].generation == 6
+    assert "n1" not in view._deleted
+
+
+async def test_a_fenced_publish_sends_nothing() -> None:
+    """The fence runs right before the write: when it raises, no request is made (the
+    publisher has no client here: one would fail differently)."""
+    from migpart.errors import NotLeader
+
+    publisher = SlicePublisher(cast(Any, None))
+    n1 = node([gpu(0, ("1g.10gb", 0, "Free"))]).model_copy(update={"metadata": {"name": "n1"}})
+    publisher.observe(n1)
+    checked: list[str] = []
+
+    def fence() -> None:
+        checked.append("n1")
+        raise NotLeader("slice n1: not written")
+
+    with pytest.raises(NotLeader):
+        await publisher.publish("n1", fence)
+    with pytest.raises(NotLeader):
+        await publisher.withdraw("n1", ["gpu-0-1g10gb-0"], fence)
+    assert checked == ["n1", "n1"]
+    # a publish that needs no write does not ask
+    publisher.view.observe(watched_with(n1))
+    publisher._withdrawn.clear()
+    assert not (await publisher.publish("n1", fence)).written
+    assert checked == ["n1", "n1"]

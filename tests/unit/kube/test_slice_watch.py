@@ -1,0 +1,47 @@
+"""The publisher's view of its slices from the watch: the newest state wins, other drivers'
+slices are not ours, a deletion leaves a tombstone and a generation floor."""
+
+from __future__ import annotations
+
+from migpart.kube.slice_watch import SliceView
+from tests.unit.kube.factories import watched_slice as watched
+
+
+def test_the_view_keeps_the_newest_slice_it_has_seen() -> None:
+    view = SliceView()
+    assert view.observe(watched("n1", 3, 30)) == "n1"
+    view.observe(watched("n1", 2, 20))  # an older event arriving late
+    assert view._slices["n1"].generation == 3
+    view.observe(watched("n1", 4, 40))
+    assert view._slices["n1"].generation == 4
+
+
+def test_other_drivers_slices_are_not_ours() -> None:
+    view = SliceView()
+    theirs = watched("n1", 1, 10)
+    theirs["spec"]["driver"] = "gpu.nvidia.com"
+    assert view.observe(theirs) is None
+    renamed = watched("n1", 1, 10)
+    renamed["metadata"]["name"] = "n1-something-else"
+    assert view.observe(renamed) is None
+    assert view._slices == {}
+
+
+def test_a_deleted_slice_is_forgotten_unless_we_wrote_a_newer_one() -> None:
+    view = SliceView()
+    view.observe(watched("n1", 2, 20))
+    assert view.deleted(watched("n1", 2, 20)) == "n1"
+    assert "n1" not in view._slices
+    view.observe(watched("n1", 1, 50))  # written again since
+    assert view.deleted(watched("n1", 2, 20)) is None
+    assert view._slices["n1"].resource_version == "50"
+
+
+def test_a_relist_forgets_the_slices_it_does_not_hold_keeping_their_generations() -> None:
+    view = SliceView()
+    view.observe(watched("n1", 3, 30))
+    view.observe(watched("n2", 5, 31))
+    assert view.relisted([watched("n2", 5, 31)]) == ["n1"]
+    assert view.get("n1") is None
+    assert view.floor("n1") == 3
+    assert view.get("n2") is not None
