@@ -1,8 +1,9 @@
 """The round's effects on the world, behind one narrow port.
 
 A planning round decides from the indexes (pure, `scope.py` and the planner) and then acts:
-it withdraws and restores slice devices, reads the claims with a quorum read, waits, writes
-MigNode specs, posts events and writes the policy status. All of that goes through `Effects`,
+it withdraws and restores slice devices, reads the claims with a quorum read, writes MigNode
+specs, posts events and writes the policy status. All of that goes through `Effects` (its
+waits go through the round's clock, `migpart.clock`),
 so that a round can run against `InMemoryEffects` in a unit test (the pattern of the agent's
 `NvmlBackend` and `MigNodeStore`): the operator's decisions get tests that need no API server.
 `KubeEffects` is the real one.
@@ -19,7 +20,6 @@ the agent checks as well (docs/destroy-protocol.md, "The fence").
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -76,8 +76,6 @@ class Effects(Protocol):
     async def read_claims(self) -> list[dict[str, Any]]:
         """Every ResourceClaim, by a quorum read (newer than any write before the call)."""
         ...
-
-    async def sleep(self, seconds: float) -> None: ...
 
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
         """Replace the MigNode's spec; returns the whole object as written."""
@@ -173,9 +171,6 @@ class KubeEffects:
     async def read_claims(self) -> list[dict[str, Any]]:
         return await list_claims_quorum(self.api)
 
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
         self._fence("spec", node)
         written = await patch_mignode_spec(self.api, node, stamped(spec, self.term))
@@ -231,7 +226,6 @@ class InMemoryEffects:
     specs: list[tuple[str, MigNodeSpec]] = field(default_factory=list)
     statuses: list[tuple[str, GpuPartitionPolicyStatus]] = field(default_factory=list)
     events: list[PostedEvent] = field(default_factory=list)
-    slept_s: float = 0.0
     withdrawals: list[tuple[str, frozenset[str]]] = field(default_factory=list)
     restores: list[tuple[str, frozenset[str]]] = field(default_factory=list)
     published: list[str] = field(default_factory=list)
@@ -295,9 +289,6 @@ class InMemoryEffects:
 
     async def read_claims(self) -> list[dict[str, Any]]:
         return list(self.claims)
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept_s += seconds
 
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
         self._fence("spec", node)

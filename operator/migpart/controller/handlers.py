@@ -31,6 +31,7 @@ from migpart.api.models import (
     VERSION,
     UnavailableReason,
 )
+from migpart.clock import Clock
 from migpart.controller.bodies import parse_policy
 from migpart.controller.effects import KubeEffects
 from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
@@ -83,10 +84,12 @@ class Election:
 @dataclass(frozen=True)
 class OperatorConfig:
     """What `migpart operator` (or a test) sets; `metrics` is the registry its /metrics
-    endpoint serves, so there is no default."""
+    endpoint serves and `clock` the time its decisions read (`RealClock`, made by whoever
+    composes the operator), so neither has a default."""
 
     kubeconfig: Path | None
     metrics: Metrics
+    clock: Clock
     hooks: Hooks = field(default_factory=Hooks)
     tick_s: float = 1.0
     slice_resync_s: float = SLICE_RESYNC_S
@@ -134,7 +137,9 @@ async def startup(
         # the identity in every request's user agent, so in each write's managedFields manager
         api.user_agent = user_agent(elector.identity)
     health = NodeHealth(
-        timeout_s=config.lease_timeout_s, registration_grace_s=config.registration_grace_s
+        timeout_s=config.lease_timeout_s,
+        clock=config.clock.monotonic,
+        registration_grace_s=config.registration_grace_s,
     )
     publisher = SlicePublisher(api, gate=health.reason)
     scopes = ScopeCache()
@@ -145,6 +150,7 @@ async def startup(
         credentials=credentials,
         publisher=publisher,
         effects=effects.under(leadership.current()),
+        clock=config.clock,
         scopes=scopes,
         elector=elector,
         metrics=config.metrics,
@@ -284,7 +290,7 @@ async def resync_slices(state: OperatorState, period_s: float = SLICE_RESYNC_S) 
     finalizer on every MigNode, which then cannot be deleted while the operator is down.
     """
     while True:
-        await asyncio.sleep(period_s)
+        await state.clock.sleep(period_s)
         for name in state.publisher.nodes():
             if not state.leading():
                 break
@@ -302,7 +308,7 @@ async def follow_node_health(state: OperatorState) -> None:
     while unavailable) and set its MigNode's `Stale` condition. A failed write is tried again
     on the next tick."""
     while True:
-        await asyncio.sleep(state.tick_s)
+        await state.clock.sleep(state.tick_s)
         try:
             await _node_health_tick(state)
         except Exception:  # a bug must not end node health for every node

@@ -10,6 +10,7 @@ from typing import Any, cast
 import pytest
 
 from migpart.api.models import MigNode
+from migpart.clock import ManualClock
 from migpart.controller import handlers
 from migpart.controller.decisions import refused_spec_repair
 from migpart.controller.effects import InMemoryEffects, Refused
@@ -40,7 +41,9 @@ async def leader() -> tuple[LeaderElector, Clock]:
 
 def operator(effects: InMemoryEffects, publisher: Any = None) -> OperatorState:
     none = cast(Any, None)
-    return OperatorState(api=none, credentials=none, publisher=publisher, effects=effects)
+    return OperatorState(
+        api=none, credentials=none, publisher=publisher, effects=effects, clock=ManualClock()
+    )
 
 
 async def test_a_spec_carries_the_terms_fencing_token() -> None:

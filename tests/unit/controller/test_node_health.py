@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from migpart.api.models import Condition, KubeletPluginStatus, MigNode
+from migpart.clock import ManualClock
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
@@ -153,7 +154,9 @@ def _world(unavailable: dict[str, str]) -> Cluster:
 async def _round(cluster: Cluster) -> InMemoryEffects:
     effects = InMemoryEffects(mignodes=dict(cluster.mignodes))
     none = cast(Any, None)
-    state = OperatorState(api=none, credentials=none, publisher=none, effects=effects)
+    state = OperatorState(
+        api=none, credentials=none, publisher=none, effects=effects, clock=ManualClock()
+    )
     await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
     return effects
 
@@ -328,7 +331,9 @@ async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last
     effects = InMemoryEffects()
     publisher = SlicePublisher(cast(Any, None))
     none = cast(Any, None)
-    state = OperatorState(api=none, credentials=none, publisher=publisher, effects=effects)
+    state = OperatorState(
+        api=none, credentials=none, publisher=publisher, effects=effects, clock=ManualClock()
+    )
 
     def writes() -> list[tuple[str, str, str]]:
         return [

@@ -7,6 +7,7 @@ from typing import Any, cast
 import pytest
 
 from migpart.api.models import MigNode
+from migpart.clock import ManualClock
 from migpart.controller.decisions import changed_nodes, choose_nodes
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.indexes import with_own_writes
@@ -36,7 +37,15 @@ def world(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]], **spec
 
 def operator(effects: InMemoryEffects) -> OperatorState:
     none = cast(Any, None)
-    return OperatorState(api=none, credentials=none, publisher=none, effects=effects)
+    return OperatorState(
+        api=none, credentials=none, publisher=none, effects=effects, clock=ManualClock()
+    )
+
+
+def clock_of(state: OperatorState) -> ManualClock:
+    """The manual clock of an `operator(...)`, for the test to move time on."""
+    assert isinstance(state.clock, ManualClock)
+    return state.clock
 
 
 async def run(state: OperatorState, cluster: Cluster) -> PolicyRound:
@@ -81,7 +90,7 @@ async def test_a_destroyed_instance_is_withdrawn_and_confirmed_before_the_spec_d
     state = operator(effects)
     await run(state, world(nodes, [claim("c1", "3g.40gb")]))
     assert effects.withdrawals == [("a", frozenset({"gpu-0-7g80gb-0"}))]
-    assert effects.slept_s == state.withdraw_grace_s  # the grace before the confirming read
+    assert clock_of(state).slept_s == state.withdraw_grace_s  # the grace before the read
     [(_, spec)] = effects.specs
     assert "7g.80gb" not in [i.profile for i in spec.gpus[0].instances]
     steps = [e.step for e in state.hooks.journal]
@@ -184,13 +193,13 @@ async def test_the_same_inputs_are_not_planned_twice(monkeypatch: Any) -> None:
     state = operator(effects)
     cluster = world(busy, [claim("c1", "3g.40gb")])
     await run(state, cluster)
-    state.last_plans.clear()  # not paced: this test is about the inputs
+    clock_of(state).advance(3600)  # past any pace: this test is about the inputs
     round_ = await run(state, cluster)
     assert len(calls) == 1
     assert not round_.deferred
     assert effects.specs == []
     freed = {"a": one_gpu("a", 2)}  # the instance went away: plan again, and write
-    state.last_plans.clear()
+    clock_of(state).advance(3600)
     await run(state, world(freed, [claim("c1", "3g.40gb")]))
     assert len(calls) == 2
     assert [node for node, _ in effects.specs] == ["a"]
@@ -199,28 +208,58 @@ async def test_the_same_inputs_are_not_planned_twice(monkeypatch: Any) -> None:
 async def test_busy_policies_share_one_planning_budget() -> None:
     """Pacing: a policy plans again PACE_FACTOR x its last plan's cost later, times the number
     of policies with pending requests, so that planning CPU does not grow with policies."""
-    import time
-
     from migpart.controller.reconcile import PACE_FACTOR
     from migpart.controller.state import PlanTiming
 
     nodes = {"a": one_gpu("a", 1)}
     state = operator(InMemoryEffects(mignodes=dict(nodes)))
+    clock = clock_of(state)
     cluster = world(nodes, [claim("c1", "3g.40gb")])
     round_ = PolicyRound(state, "pa", cluster.policies["pa"], cluster)
     scope = round_.scope()
     assert scope is not None
     policy = state.scopes.policy("pa", cluster.policies["pa"])
     assert policy is not None
-    long_ago = time.monotonic() - 3600
-    state.first_pending = {"pa": long_ago}
-    state.last_plans["pa"] = PlanTiming(time.monotonic(), 10.0)
+    state.first_pending = {"pa": clock.monotonic()}
+    clock.advance(3600)
+    state.last_plans["pa"] = PlanTiming(clock.monotonic(), 10.0)
     assert not round_.may_plan(policy, scope.demand)
-    alone = round_.retry_in_s
-    state.first_pending["pb"] = long_ago  # another policy has pending requests too
+    assert round_.retry_in_s == PACE_FACTOR * 10.0
+    state.first_pending["pb"] = 0.0  # another policy has pending requests too
     assert not round_.may_plan(policy, scope.demand)
-    assert PACE_FACTOR * 10.0 * 1.5 < round_.retry_in_s <= PACE_FACTOR * 10.0 * 2
-    assert alone <= PACE_FACTOR * 10.0
+    assert round_.retry_in_s == PACE_FACTOR * 10.0 * 2
+    clock.advance(PACE_FACTOR * 10.0 * 2)
+    assert round_.may_plan(policy, scope.demand)
+
+
+async def test_the_batch_window_then_the_pace_hold_a_plan_back_until_the_clock_moves() -> None:
+    """batchWindowSeconds 5: the rounds that see the claim hold its plan back until 5 s (on the
+    operator's clock) after it was first seen, then one plans; the plan after it is paced,
+    PACE_FACTOR x that plan's cost later."""
+    from migpart.controller.reconcile import PACE_FACTOR
+
+    nodes = {"a": one_gpu("a", 1)}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    clock = clock_of(state)
+    cluster = world(nodes, [claim("c1", "3g.40gb")], batchWindowSeconds=5)
+    round_ = await run(state, cluster)
+    assert (round_.deferred, round_.retry_in_s) == (True, 5.0)
+    clock.advance(4)
+    round_ = await run(state, cluster)
+    assert (round_.deferred, round_.retry_in_s) == (True, 1.0)
+    assert effects.specs == []
+    clock.advance(1)
+    round_ = await run(state, cluster)
+    assert not round_.deferred
+    assert [node for node, _ in effects.specs] == ["a"]
+    assert state.last_plans["pa"].at == clock.monotonic()
+    pace_s = PACE_FACTOR * state.last_plans["pa"].cost_s
+    round_ = await run(state, cluster)  # the claim is still pending: the next plan is paced
+    assert round_.deferred
+    assert round_.retry_in_s == pytest.approx(pace_s)
+    clock.advance(pace_s * 1.01)
+    assert not (await run(state, cluster)).deferred
 
 
 async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_itself() -> None:
@@ -258,7 +297,7 @@ async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_i
         if node == "a":
             assert "7g.80gb" in [i.profile for i in spec.gpus[0].instances]
     assert reads >= 1
-    assert effects.slept_s == state.withdraw_grace_s * reads
+    assert clock_of(state).slept_s == state.withdraw_grace_s * reads
 
 
 def two_policies(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]]) -> Cluster:

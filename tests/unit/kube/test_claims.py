@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, cast
 
 import yaml
 
 from migpart.api.models import MigInstanceStatus, MigNodeStatus
+from migpart.clock import ManualClock
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster, scope_of
@@ -184,8 +184,9 @@ def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
         credentials=cast(Any, None),
         publisher=cast(Any, None),
         effects=InMemoryEffects(),
+        clock=ManualClock(at=FRESH_S + 1),
     )
-    now, long_ago = time.monotonic(), time.monotonic() - FRESH_S - 1
+    now, long_ago = state.clock.monotonic(), 0.0
     lagging_device = DeviceId("n1", "gpu-0-1g10gb-0")
     indexed_device = DeviceId("n1", "gpu-0-3g40gb-0")
     stale_device = DeviceId("n1", "gpu-0-7g80gb-0")
