@@ -15,7 +15,8 @@ and each write asks `Leadership.holds(term)` right before it is sent. A round ke
 the term it started under, so a leader that lost its Lease mid-round (renewals failed, process
 frozen, Lease taken) sends nothing more: the write raises `NotLeader` instead, and the in-memory
 twin records it in `refused`. A spec is stamped with the term's token (`spec.leaderTerm`), which
-the agent checks as well (docs/destroy-protocol.md, "The fence").
+the agent checks as well (docs/destroy-protocol.md, "The fence"). Both sides share that fence
+(`FencedPort`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,32 @@ def fenced(leadership: Leadership, term: Term | None, write: str, target: str) -
         raise NotLeader(f"{write} {target}: not written, this operator no longer leads")
 
 
+class FencedPort:
+    """The fence of both `Effects` (`KubeEffects`, `InMemoryEffects`): each is a dataclass
+    with `leadership` and `term` fields, and says what a refused write leaves behind
+    (`refused_write`)."""
+
+    leadership: Leadership
+    term: Term | None
+
+    def __post_init__(self) -> None:
+        if self.term is None and isinstance(self.leadership, Unelected):
+            self.term = self.leadership.term
+
+    def leading(self) -> bool:
+        return self.leadership.holds(self.term)
+
+    def refused_write(self, write: str, target: str) -> None:
+        """Called when the fence refuses `write` of `target`, before `NotLeader` is raised."""
+
+    def _fence(self, write: str, target: str) -> None:
+        try:
+            fenced(self.leadership, self.term, write, target)
+        except NotLeader:
+            self.refused_write(write, target)
+            raise
+
+
 def stamped(spec: MigNodeSpec, term: Term | None) -> MigNodeSpec:
     """The spec with the term's fencing token (none without election)."""
     token = term.token if term is not None else None
@@ -118,7 +145,7 @@ def as_body(body: Body) -> kopf.Body:
 
 
 @dataclass
-class KubeEffects:
+class KubeEffects(FencedPort):
     """`Effects` on the API server: the slice publisher, patches, kopf's event poster."""
 
     api: Any  # kubernetes_asyncio ApiClient
@@ -130,23 +157,12 @@ class KubeEffects:
     # writes refused by the fence (a metric)
     on_refused: list[Callable[[str], None]] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        if self.term is None and isinstance(self.leadership, Unelected):
-            self.term = self.leadership.term
-
     def under(self, term: Term | None) -> KubeEffects:
         return replace(self, term=term)
 
-    def leading(self) -> bool:
-        return self.leadership.holds(self.term)
-
-    def _fence(self, write: str, target: str) -> None:
-        try:
-            fenced(self.leadership, self.term, write, target)
-        except NotLeader:
-            for hook in self.on_refused:
-                hook(write)
-            raise
+    def refused_write(self, write: str, target: str) -> None:
+        for hook in self.on_refused:
+            hook(write)
 
     def withdrawing(self) -> list[str]:
         return self.publisher.withdrawing()
@@ -210,7 +226,7 @@ class PostedEvent:
 
 
 @dataclass
-class InMemoryEffects:
+class InMemoryEffects(FencedPort):
     """`Effects` in memory, for unit tests: records what a round did.
 
     `claims` is what the quorum read returns; `on_withdraw(node, devices)` runs after a
@@ -237,25 +253,14 @@ class InMemoryEffects:
     _withdrawn: dict[str, set[str]] = field(default_factory=dict)
     _revision: int = 1000
 
-    def __post_init__(self) -> None:
-        if self.term is None and isinstance(self.leadership, Unelected):
-            self.term = self.leadership.term
-
     def under(self, term: Term | None) -> InMemoryEffects:
         """A view bound to `term` that records into the same lists."""
         view = replace(self, term=term)
         view._withdrawn = self._withdrawn
         return view
 
-    def leading(self) -> bool:
-        return self.leadership.holds(self.term)
-
-    def _fence(self, write: str, target: str) -> None:
-        try:
-            fenced(self.leadership, self.term, write, target)
-        except NotLeader:
-            self.refused.append(Refused(write, target))
-            raise
+    def refused_write(self, write: str, target: str) -> None:
+        self.refused.append(Refused(write, target))
 
     def withdrawing(self) -> list[str]:
         return sorted(n for n, devices in self._withdrawn.items() if devices)
