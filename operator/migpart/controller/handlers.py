@@ -249,10 +249,14 @@ async def take_over(state: OperatorState) -> None:
 
 
 async def _publish(state: OperatorState, name: str) -> None:
+    """Write one node's slice (if its content changed); a failure is logged, not raised: the
+    caller goes on with the other nodes, and the periodic resync tries it again."""
     try:
         await state.effects.publish(name)
     except (MigpartError, ApiException, aiohttp.ClientError, TimeoutError) as error:
         log.warning("slice_publish_failed", node=name, error=str(error)[:300])
+    except Exception:  # a bug must not stop the slices of every other node
+        log.exception("slice_publish_crashed", node=name)
 
 
 def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
@@ -294,12 +298,7 @@ async def resync_slices(state: OperatorState, period_s: float = SLICE_RESYNC_S) 
         for name in state.publisher.nodes():
             if not state.leading():
                 break
-            try:
-                await state.effects.publish(name)
-            except (MigpartError, ApiException) as error:
-                log.warning("slice_resync_failed", node=name, error=str(error))
-            except Exception:  # a bug must not end the loop for every node
-                log.exception("slice_resync_crashed", node=name)
+            await _publish(state, name)
 
 
 async def follow_node_health(state: OperatorState) -> None:
