@@ -137,8 +137,8 @@ async def startup(
         # the identity in every request's user agent, so in each write's managedFields manager
         api.user_agent = user_agent(elector.identity)
     health = NodeHealth(
+        config.clock,
         timeout_s=config.lease_timeout_s,
-        clock=config.clock.monotonic,
         registration_grace_s=config.registration_grace_s,
     )
     publisher = SlicePublisher(api, gate=health.reason)

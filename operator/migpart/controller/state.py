@@ -96,6 +96,8 @@ class OperatorState:
     # when it is, and waiting (batch windows, pacing, sightings, the grace, the loops' ticks):
     # `RealClock` in the process, a test's `ManualClock`
     clock: Clock
+    # which nodes are unavailable (agent Lease expired, plugin not registered), on that clock
+    health: NodeHealth
     metrics: Metrics = field(default_factory=Metrics)
     hooks: Hooks = field(default_factory=Hooks)
     tick_s: float = 1.0
@@ -138,9 +140,7 @@ class OperatorState:
     watched: dict[str, Index] = field(default_factory=dict)
     # the task that republishes every slice periodically (handlers.resync_slices)
     resync: asyncio.Task[None] | None = None
-    # which nodes are unavailable (agent Lease expired, plugin not registered), and the
-    # operator's own tasks besides the resync: Lease watch, health checks, CRD wait
-    health: NodeHealth = field(default_factory=NodeHealth)
+    # the operator's own tasks besides the resync: Lease watch, health checks, CRD wait
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # the leader election (None: none, this operator always writes)
     elector: LeaderElector | None = None

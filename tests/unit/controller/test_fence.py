@@ -14,6 +14,7 @@ from migpart.clock import ManualClock
 from migpart.controller import handlers
 from migpart.controller.decisions import refused_spec_repair
 from migpart.controller.effects import InMemoryEffects, Refused
+from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.state import OperatorState
 from migpart.errors import NotLeader
@@ -41,8 +42,14 @@ async def leader() -> tuple[LeaderElector, Clock]:
 
 def operator(effects: InMemoryEffects, publisher: Any = None) -> OperatorState:
     none = cast(Any, None)
+    clock = ManualClock()
     return OperatorState(
-        api=none, credentials=none, publisher=publisher, effects=effects, clock=ManualClock()
+        api=none,
+        credentials=none,
+        publisher=publisher,
+        effects=effects,
+        clock=clock,
+        health=NodeHealth(clock),
     )
 
 

@@ -10,6 +10,7 @@ from migpart.api.models import MigNode
 from migpart.clock import ManualClock
 from migpart.controller.decisions import changed_nodes, choose_nodes
 from migpart.controller.effects import InMemoryEffects
+from migpart.controller.health import NodeHealth
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
@@ -37,8 +38,14 @@ def world(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]], **spec
 
 def operator(effects: InMemoryEffects) -> OperatorState:
     none = cast(Any, None)
+    clock = ManualClock()
     return OperatorState(
-        api=none, credentials=none, publisher=none, effects=effects, clock=ManualClock()
+        api=none,
+        credentials=none,
+        publisher=none,
+        effects=effects,
+        clock=clock,
+        health=NodeHealth(clock),
     )
 
 
