@@ -230,7 +230,7 @@ async def run(args: argparse.Namespace) -> None:
         # Established only later is not always picked up (its watch then never starts), so
         # kopf starts once the CRDs are served. Until then /readyz says what it waits for.
         async with api_client(client_config) as api:
-            await await_crds(api, served)
+            await await_crds(api, served, config.clock)
         await kopf.operator(
             registry=build_registry(config),
             clusterwide=True,

@@ -181,7 +181,7 @@ async def startup(
     state.watched = {**watched, "mignodes_index": mignodes}
     state.indexes = state.watched
     state.tasks = [
-        asyncio.create_task(await_crds(api, config.served), name="await-crds"),
+        asyncio.create_task(await_crds(api, config.served, config.clock), name="await-crds"),
         asyncio.create_task(watch_leases(api, config.lease_namespace, health), name="leases"),
         asyncio.create_task(follow_node_health(state), name="node-health"),
         asyncio.create_task(watch_slices(api, slices), name="resourceslices"),

@@ -76,7 +76,7 @@ async def serve(
     return runner
 
 
-async def await_crds(api: ApiClient, served: asyncio.Event) -> None:
+async def await_crds(api: ApiClient, served: asyncio.Event, clock: Clock) -> None:
     """Set `served` once the API server serves MigNodes and GpuPartitionPolicies. Until then
     retry with back-off, telling each missing resource in one log line (not one per attempt).
     kopf itself starts watching a CRD's resource when the CRD appears; this only makes the
@@ -101,7 +101,7 @@ async def await_crds(api: ApiClient, served: asyncio.Event) -> None:
                 retry=f"with back-off up to {MAX_BACKOFF_S:g} s",
             )
             told = missing
-        await asyncio.sleep(backoff)
+        await clock.sleep(backoff)
         backoff = min(backoff * 2, MAX_BACKOFF_S)
 
 
