@@ -229,15 +229,17 @@ class PostedEvent:
 class InMemoryEffects(FencedPort):
     """`Effects` in memory, for unit tests: records what a round did.
 
-    `claims` is what the quorum read returns; `on_withdraw(node, devices)` runs after a
-    withdrawal (a test allocates a claim there, as a racing scheduler would). Written specs
-    come back as MigNode bodies at increasing resourceVersions, on top of `mignodes`.
+    `claims` is what the quorum read returns (`claim_reads` counts the reads);
+    `on_withdraw(node, devices)` runs after a withdrawal (a test allocates a claim there, as a
+    racing scheduler would). Written specs come back as MigNode bodies at increasing
+    resourceVersions, on top of `mignodes`.
     `leadership` and `term` fence it as they fence `KubeEffects`; refused writes are recorded
     in `refused` (and not carried out).
     """
 
     mignodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     claims: list[dict[str, Any]] = field(default_factory=list)
+    claim_reads: int = 0
     on_withdraw: Callable[[str, frozenset[str]], Awaitable[None]] | None = None
     specs: list[tuple[str, MigNodeSpec]] = field(default_factory=list)
     statuses: list[tuple[str, GpuPartitionPolicyStatus]] = field(default_factory=list)
@@ -293,6 +295,7 @@ class InMemoryEffects(FencedPort):
         self.conditions.append((node, resource_version, conditions))
 
     async def read_claims(self) -> list[dict[str, Any]]:
+        self.claim_reads += 1
         return list(self.claims)
 
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:

@@ -278,19 +278,12 @@ async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_i
         "b": one_gpu("b", 2, ("7g.80gb", 0, "Free")),
     }
     effects = InMemoryEffects(mignodes=dict(nodes))
-    reads = 0
 
     async def scheduler_wins(node: str, devices: frozenset[str]) -> None:
         if node == "a":
             effects.claims.append(allocation("racer", node, "gpu-0-7g80gb-0"))
 
-    async def read_claims() -> list[dict[str, Any]]:
-        nonlocal reads
-        reads += 1
-        return list(effects.claims)
-
     effects.on_withdraw = scheduler_wins
-    effects.read_claims = read_claims  # type: ignore[method-assign]
     state = operator(effects)
     claims = [claim(f"c{i}", "3g.40gb") for i in range(4)]
     await run(state, world(nodes, claims, maxConcurrentNodes=2))
@@ -303,8 +296,8 @@ async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_i
     for node, spec in effects.specs:
         if node == "a":
             assert "7g.80gb" in [i.profile for i in spec.gpus[0].instances]
-    assert reads >= 1
-    assert clock_of(state).slept_s == state.withdraw_grace_s * reads
+    assert effects.claim_reads >= 1
+    assert clock_of(state).slept_s == state.withdraw_grace_s * effects.claim_reads
 
 
 def two_policies(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]]) -> Cluster:
@@ -382,7 +375,7 @@ async def test_a_round_on_the_old_spec_does_not_hide_the_report_of_an_invalid_ne
     from migpart.controller.bodies import parse_policy
     from migpart.controller.reconcile import report_invalid
 
-    nodes = {"a": one_gpu("a", 1)}
+    nodes = {"a": one_gpu("a", 1, ("7g.80gb", 0, "Free"))}  # the round destroys it
     effects = InMemoryEffects(mignodes=dict(nodes))
     state = operator(effects)
     cluster = world(nodes, [claim("c1", "3g.40gb")])
@@ -391,16 +384,13 @@ async def test_a_round_on_the_old_spec_does_not_hide_the_report_of_an_invalid_ne
     with pytest.raises(ValidationError) as error:
         parse_policy(new)
 
-    write_spec = effects.write_spec
-
-    async def edited_meanwhile(node: str, spec: Any) -> dict[str, Any]:
-        written = await write_spec(node, spec)
+    async def edited_meanwhile(node: str, devices: frozenset[str]) -> None:
         await report_invalid(state, "pa", new, error.value)  # the edit's event, mid-round
-        return written
 
-    effects.write_spec = edited_meanwhile  # type: ignore[method-assign]
+    effects.on_withdraw = edited_meanwhile
     round_ = PolicyRound(state, "pa", old, cluster)
     await round_.run()
+    assert [node for node, _ in effects.specs] == ["a"]  # the round went on to its spec
     assert [s.observed_generation for _, s in effects.statuses] == [2]
     (_, status) = effects.statuses[0]
     ready = {c.type: c.status for c in status.conditions}
