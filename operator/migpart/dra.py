@@ -87,7 +87,12 @@ def allocated_ids(claim: Mapping[str, Any]) -> frozenset[DeviceId]:
     return frozenset(r.id for r in ours(allocation_results(claim)))
 
 
+def as_iso(moment: datetime) -> str:
+    """`moment` (UTC) as a Kubernetes `metav1.Time` (RFC 3339, UTC, whole seconds), as
+    conditions and timestamps in API objects carry it."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def now_iso() -> str:
-    """Now as a Kubernetes `metav1.Time` (RFC 3339, UTC, whole seconds), as conditions and
-    timestamps in API objects carry it."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Now as a Kubernetes `metav1.Time` (see `as_iso`)."""
+    return as_iso(datetime.now(UTC))

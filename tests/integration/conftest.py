@@ -26,6 +26,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from migpart.agent.lease import micro_time
 from migpart.api.leases import LEASE_LABELS, LEASE_NAMESPACE, lease_name
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
+from migpart.clock import RealClock
 from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.metrics import Metrics
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
@@ -351,7 +352,11 @@ def running_operator(cluster: Testbed, **config: Any) -> Iterator[RunningOperato
                 kopf.operator(
                     registry=build_registry(
                         OperatorConfig(
-                            cluster.kubeconfig, Metrics(), hooks=running.hooks, **settings
+                            cluster.kubeconfig,
+                            Metrics(),
+                            RealClock(),
+                            hooks=running.hooks,
+                            **settings,
                         )
                     ),
                     clusterwide=True,

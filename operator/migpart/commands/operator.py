@@ -22,6 +22,7 @@ import structlog
 
 from migpart import logs
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
+from migpart.clock import RealClock
 from migpart.commands.options import Parser, log_level, port
 from migpart.controller.handlers import Election, OperatorConfig, build_registry
 from migpart.controller.health import REGISTRATION_GRACE_S, await_crds, serve
@@ -215,6 +216,7 @@ async def run(args: argparse.Namespace) -> None:
     config = OperatorConfig(
         kubeconfig=args.kubeconfig,
         metrics=metrics,
+        clock=RealClock(),
         tick_s=args.tick_seconds,
         withdraw_grace_s=args.withdraw_grace_seconds,
         lease_namespace=args.lease_namespace,
@@ -228,7 +230,7 @@ async def run(args: argparse.Namespace) -> None:
         # Established only later is not always picked up (its watch then never starts), so
         # kopf starts once the CRDs are served. Until then /readyz says what it waits for.
         async with api_client(client_config) as api:
-            await await_crds(api, served)
+            await await_crds(api, served, config.clock)
         await kopf.operator(
             registry=build_registry(config),
             clusterwide=True,

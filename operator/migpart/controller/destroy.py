@@ -27,7 +27,6 @@ the spec would drop it while in use.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any
 import structlog
 
 from migpart.api.models import MigNode
+from migpart.clock import Clock
 from migpart.controller.bodies import uid_of
 from migpart.controller.effects import Effects
 from migpart.controller.metrics import Metrics
@@ -77,6 +77,7 @@ class DestroyProtocol:
     metrics: Metrics
     # claim uid -> its allocation as a quorum read saw it (shared by every round)
     sightings: dict[str, Sighting]
+    clock: Clock
     grace_s: float = 1.0
     # the claim index's devices, kept across rounds
     index: AllocatedDevices = field(default_factory=AllocatedDevices)
@@ -112,7 +113,7 @@ class DestroyProtocol:
         if not self.sightings:
             return self.sightings
         caught_up = {uid_of(c) for c in claims.values() if is_allocated(c)}
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for uid in [
             u for u, s in self.sightings.items() if u in caught_up or now - s.seen > FRESH_S
         ]:
@@ -160,7 +161,7 @@ class DestroyProtocol:
             self.hooks.record(JournalEntry("withdrawn", name, devices, f"generation {generation}"))
             if self.hooks.after_withdraw is not None:
                 await self.hooks.after_withdraw(name, devices)
-        await self.effects.sleep(self.grace_s)
+        await self.clock.sleep(self.grace_s)
         claims = await self.effects.read_claims()
         held: dict[str, dict[str, frozenset[DeviceId]]] = {}  # node -> claim uid -> devices
         for claim in claims:
@@ -168,7 +169,7 @@ class DestroyProtocol:
             for name, removed in removing.items():
                 if ids & removed:
                     held.setdefault(name, {})[uid_of(claim)] = ids & removed
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for name in removing:
             if name not in held:
                 self.hooks.record(JournalEntry("confirmed", name, gone[name]))

@@ -1,8 +1,9 @@
 """The round's effects on the world, behind one narrow port.
 
 A planning round decides from the indexes (pure, `scope.py` and the planner) and then acts:
-it withdraws and restores slice devices, reads the claims with a quorum read, waits, writes
-MigNode specs, posts events and writes the policy status. All of that goes through `Effects`,
+it withdraws and restores slice devices, reads the claims with a quorum read, writes MigNode
+specs, posts events and writes the policy status. All of that goes through `Effects` (its
+waits go through the round's clock, `migpart.clock`),
 so that a round can run against `InMemoryEffects` in a unit test (the pattern of the agent's
 `NvmlBackend` and `MigNodeStore`): the operator's decisions get tests that need no API server.
 `KubeEffects` is the real one.
@@ -14,12 +15,12 @@ and each write asks `Leadership.holds(term)` right before it is sent. A round ke
 the term it started under, so a leader that lost its Lease mid-round (renewals failed, process
 frozen, Lease taken) sends nothing more: the write raises `NotLeader` instead, and the in-memory
 twin records it in `refused`. A spec is stamped with the term's token (`spec.leaderTerm`), which
-the agent checks as well (docs/destroy-protocol.md, "The fence").
+the agent checks as well (docs/destroy-protocol.md, "The fence"). Both sides share that fence
+(`FencedPort`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -77,8 +78,6 @@ class Effects(Protocol):
         """Every ResourceClaim, by a quorum read (newer than any write before the call)."""
         ...
 
-    async def sleep(self, seconds: float) -> None: ...
-
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
         """Replace the MigNode's spec; returns the whole object as written."""
         ...
@@ -108,6 +107,32 @@ def fenced(leadership: Leadership, term: Term | None, write: str, target: str) -
         raise NotLeader(f"{write} {target}: not written, this operator no longer leads")
 
 
+class FencedPort:
+    """The fence of both `Effects` (`KubeEffects`, `InMemoryEffects`): each is a dataclass
+    with `leadership` and `term` fields, and says what a refused write leaves behind
+    (`refused_write`)."""
+
+    leadership: Leadership
+    term: Term | None
+
+    def __post_init__(self) -> None:
+        if self.term is None and isinstance(self.leadership, Unelected):
+            self.term = self.leadership.term
+
+    def leading(self) -> bool:
+        return self.leadership.holds(self.term)
+
+    def refused_write(self, write: str, target: str) -> None:
+        """Called when the fence refuses `write` of `target`, before `NotLeader` is raised."""
+
+    def _fence(self, write: str, target: str) -> None:
+        try:
+            fenced(self.leadership, self.term, write, target)
+        except NotLeader:
+            self.refused_write(write, target)
+            raise
+
+
 def stamped(spec: MigNodeSpec, term: Term | None) -> MigNodeSpec:
     """The spec with the term's fencing token (none without election)."""
     token = term.token if term is not None else None
@@ -120,7 +145,7 @@ def as_body(body: Body) -> kopf.Body:
 
 
 @dataclass
-class KubeEffects:
+class KubeEffects(FencedPort):
     """`Effects` on the API server: the slice publisher, patches, kopf's event poster."""
 
     api: Any  # kubernetes_asyncio ApiClient
@@ -132,23 +157,12 @@ class KubeEffects:
     # writes refused by the fence (a metric)
     on_refused: list[Callable[[str], None]] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        if self.term is None and isinstance(self.leadership, Unelected):
-            self.term = self.leadership.term
-
     def under(self, term: Term | None) -> KubeEffects:
         return replace(self, term=term)
 
-    def leading(self) -> bool:
-        return self.leadership.holds(self.term)
-
-    def _fence(self, write: str, target: str) -> None:
-        try:
-            fenced(self.leadership, self.term, write, target)
-        except NotLeader:
-            for hook in self.on_refused:
-                hook(write)
-            raise
+    def refused_write(self, write: str, target: str) -> None:
+        for hook in self.on_refused:
+            hook(write)
 
     def withdrawing(self) -> list[str]:
         return self.publisher.withdrawing()
@@ -172,9 +186,6 @@ class KubeEffects:
 
     async def read_claims(self) -> list[dict[str, Any]]:
         return await list_claims_quorum(self.api)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
         self._fence("spec", node)
@@ -215,23 +226,24 @@ class PostedEvent:
 
 
 @dataclass
-class InMemoryEffects:
+class InMemoryEffects(FencedPort):
     """`Effects` in memory, for unit tests: records what a round did.
 
-    `claims` is what the quorum read returns; `on_withdraw(node, devices)` runs after a
-    withdrawal (a test allocates a claim there, as a racing scheduler would). Written specs
-    come back as MigNode bodies at increasing resourceVersions, on top of `mignodes`.
+    `claims` is what the quorum read returns (`claim_reads` counts the reads);
+    `on_withdraw(node, devices)` runs after a withdrawal (a test allocates a claim there, as a
+    racing scheduler would). Written specs come back as MigNode bodies at increasing
+    resourceVersions, on top of `mignodes`.
     `leadership` and `term` fence it as they fence `KubeEffects`; refused writes are recorded
     in `refused` (and not carried out).
     """
 
     mignodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     claims: list[dict[str, Any]] = field(default_factory=list)
+    claim_reads: int = 0
     on_withdraw: Callable[[str, frozenset[str]], Awaitable[None]] | None = None
     specs: list[tuple[str, MigNodeSpec]] = field(default_factory=list)
     statuses: list[tuple[str, GpuPartitionPolicyStatus]] = field(default_factory=list)
     events: list[PostedEvent] = field(default_factory=list)
-    slept_s: float = 0.0
     withdrawals: list[tuple[str, frozenset[str]]] = field(default_factory=list)
     restores: list[tuple[str, frozenset[str]]] = field(default_factory=list)
     published: list[str] = field(default_factory=list)
@@ -243,25 +255,14 @@ class InMemoryEffects:
     _withdrawn: dict[str, set[str]] = field(default_factory=dict)
     _revision: int = 1000
 
-    def __post_init__(self) -> None:
-        if self.term is None and isinstance(self.leadership, Unelected):
-            self.term = self.leadership.term
-
     def under(self, term: Term | None) -> InMemoryEffects:
         """A view bound to `term` that records into the same lists."""
         view = replace(self, term=term)
         view._withdrawn = self._withdrawn
         return view
 
-    def leading(self) -> bool:
-        return self.leadership.holds(self.term)
-
-    def _fence(self, write: str, target: str) -> None:
-        try:
-            fenced(self.leadership, self.term, write, target)
-        except NotLeader:
-            self.refused.append(Refused(write, target))
-            raise
+    def refused_write(self, write: str, target: str) -> None:
+        self.refused.append(Refused(write, target))
 
     def withdrawing(self) -> list[str]:
         return sorted(n for n, devices in self._withdrawn.items() if devices)
@@ -294,10 +295,8 @@ class InMemoryEffects:
         self.conditions.append((node, resource_version, conditions))
 
     async def read_claims(self) -> list[dict[str, Any]]:
+        self.claim_reads += 1
         return list(self.claims)
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept_s += seconds
 
     async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
         self._fence("spec", node)

@@ -31,6 +31,7 @@ from migpart.api.models import (
     VERSION,
     UnavailableReason,
 )
+from migpart.clock import Clock
 from migpart.controller.bodies import parse_policy
 from migpart.controller.effects import KubeEffects
 from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
@@ -84,10 +85,12 @@ class Election:
 @dataclass(frozen=True)
 class OperatorConfig:
     """What `migpart operator` (or a test) sets; `metrics` is the registry its /metrics
-    endpoint serves, so there is no default."""
+    endpoint serves and `clock` the time its decisions read (`RealClock`, made by whoever
+    composes the operator), so neither has a default."""
 
     kubeconfig: Path | None
     metrics: Metrics
+    clock: Clock
     hooks: Hooks = field(default_factory=Hooks)
     tick_s: float = 1.0
     slice_resync_s: float = SLICE_RESYNC_S
@@ -135,7 +138,9 @@ async def startup(
         # the identity in every request's user agent, so in each write's managedFields manager
         api.user_agent = user_agent(elector.identity)
     health = NodeHealth(
-        timeout_s=config.lease_timeout_s, registration_grace_s=config.registration_grace_s
+        config.clock,
+        timeout_s=config.lease_timeout_s,
+        registration_grace_s=config.registration_grace_s,
     )
     publisher = SlicePublisher(api, gate=health.reason)
     scopes = ScopeCache()
@@ -146,6 +151,7 @@ async def startup(
         credentials=credentials,
         publisher=publisher,
         effects=effects.under(leadership.current()),
+        clock=config.clock,
         scopes=scopes,
         elector=elector,
         metrics=config.metrics,
@@ -176,7 +182,7 @@ async def startup(
     state.watched = {**watched, "mignodes_index": mignodes}
     state.indexes = state.watched
     state.tasks = [
-        asyncio.create_task(await_crds(api, config.served), name="await-crds"),
+        asyncio.create_task(await_crds(api, config.served, config.clock), name="await-crds"),
         asyncio.create_task(watch_leases(api, config.lease_namespace, health), name="leases"),
         asyncio.create_task(follow_node_health(state), name="node-health"),
         asyncio.create_task(watch_slices(api, slices), name="resourceslices"),
@@ -244,10 +250,14 @@ async def take_over(state: OperatorState) -> None:
 
 
 async def _publish(state: OperatorState, name: str) -> None:
+    """Write one node's slice (if its content changed); a failure is logged, not raised: the
+    caller goes on with the other nodes, and the periodic resync tries it again."""
     try:
         await state.effects.publish(name)
     except (MigpartError, ApiException, aiohttp.ClientError, TimeoutError) as error:
         log.warning("slice_publish_failed", node=name, error=str(error)[:300])
+    except Exception:  # a bug must not stop the slices of every other node
+        log.exception("slice_publish_crashed", node=name)
 
 
 def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
@@ -285,16 +295,11 @@ async def resync_slices(state: OperatorState, period_s: float = SLICE_RESYNC_S) 
     finalizer on every MigNode, which then cannot be deleted while the operator is down.
     """
     while True:
-        await asyncio.sleep(period_s)
+        await state.clock.sleep(period_s)
         for name in state.publisher.nodes():
             if not state.leading():
                 break
-            try:
-                await state.effects.publish(name)
-            except (MigpartError, ApiException) as error:
-                log.warning("slice_resync_failed", node=name, error=str(error))
-            except Exception:  # a bug must not end the loop for every node
-                log.exception("slice_resync_crashed", node=name)
+            await _publish(state, name)
 
 
 async def follow_node_health(state: OperatorState) -> None:
@@ -303,7 +308,7 @@ async def follow_node_health(state: OperatorState) -> None:
     while unavailable) and set its MigNode's `Stale` condition. A failed write is tried again
     on the next tick."""
     while True:
-        await asyncio.sleep(state.tick_s)
+        await state.clock.sleep(state.tick_s)
         try:
             await _node_health_tick(state)
         except Exception:  # a bug must not end node health for every node

@@ -10,8 +10,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -30,6 +29,7 @@ from migpart.api.models import (
     KubeletPluginStatus,
     UnavailableReason,
 )
+from migpart.clock import Clock
 from migpart.kube.client import missing_resources
 
 log = structlog.get_logger(__name__)
@@ -76,7 +76,7 @@ async def serve(
     return runner
 
 
-async def await_crds(api: ApiClient, served: asyncio.Event) -> None:
+async def await_crds(api: ApiClient, served: asyncio.Event, clock: Clock) -> None:
     """Set `served` once the API server serves MigNodes and GpuPartitionPolicies. Until then
     retry with back-off, telling each missing resource in one log line (not one per attempt).
     kopf itself starts watching a CRD's resource when the CRD appears; this only makes the
@@ -101,7 +101,7 @@ async def await_crds(api: ApiClient, served: asyncio.Event) -> None:
                 retry=f"with back-off up to {MAX_BACKOFF_S:g} s",
             )
             told = missing
-        await asyncio.sleep(backoff)
+        await clock.sleep(backoff)
         backoff = min(backoff * 2, MAX_BACKOFF_S)
 
 
@@ -136,8 +136,9 @@ class NodeHealth:
     nodes already unavailable, nodes in a registration grace, and, after a (re)list, at all.
     """
 
+    # the operator's (`migpart.clock`): when a renewal was seen, a registration grace's end
+    clock: Clock
     timeout_s: float = float(LEASE_DURATION_S)
-    clock: Callable[[], float] = time.monotonic
     registration_grace_s: float = REGISTRATION_GRACE_S
     # node -> (renewTime last seen, monotonic time it was seen to change), oldest change first
     _renewals: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -160,7 +161,7 @@ class NodeHealth:
     # ------------------------------------------------------------ the Lease watch (LeaseSink)
 
     def leases_listed(self, renewals: Mapping[str, str]) -> None:
-        now = self.clock()
+        now = self.clock.monotonic()
         for gone in set(self._renewals) - set(renewals):
             del self._renewals[gone]
         for node, renew in renewals.items():
@@ -174,7 +175,7 @@ class NodeHealth:
         self._blind = True
 
     def lease_renewed(self, node: str, renew_time: str) -> None:
-        self._renewed(node, renew_time, self.clock())
+        self._renewed(node, renew_time, self.clock.monotonic())
 
     def lease_deleted(self, node: str) -> None:
         self._renewals.pop(node, None)
@@ -194,7 +195,7 @@ class NodeHealth:
         self._nodes.add(name)
         if plugin is not None and not plugin.registered:
             if name in self._registered:  # registered until now: a restarted agent, likely
-                self._grace_until[name] = self.clock() + self.registration_grace_s
+                self._grace_until[name] = self.clock.monotonic() + self.registration_grace_s
             self._registered.discard(name)
             self._unregistered[name] = plugin.message
         else:
@@ -225,7 +226,7 @@ class NodeHealth:
         renewal = self._renewals.get(node)
         if self._synced_at is None or renewal is None:
             return None
-        return self.clock() - max(renewal[1], self._synced_at)
+        return self.clock.monotonic() - max(renewal[1], self._synced_at)
 
     def heard_since_listed(self, node: str) -> bool:
         """Whether this node's Lease was seen renewed after the first list: proof that its
@@ -238,7 +239,7 @@ class NodeHealth:
         if silent is not None and silent > self.timeout_s:
             return "LeaseExpired"
         if node in self._unregistered:
-            if self.clock() < self._grace_until.get(node, 0.0):
+            if self.clock.monotonic() < self._grace_until.get(node, 0.0):
                 return None  # registered within the grace: kubelet is registering it again
             return "PluginNotRegistered"
         return None
@@ -276,7 +277,7 @@ class NodeHealth:
         candidates = {*self._unavailable, *self._grace_until}
         if self._synced_at is not None:
             # renewed before this (and not since) means silent for longer than the timeout
-            cutoff = self.clock() - self.timeout_s
+            cutoff = self.clock.monotonic() - self.timeout_s
             if self._synced_at < cutoff:
                 for node, (_, seen) in self._renewals.items():
                     if seen >= cutoff:

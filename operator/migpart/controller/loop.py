@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import structlog
 
-from migpart.aio import wait_until_set
 from migpart.controller.errors import Outcome, survive
 from migpart.controller.indexes import cluster_from
 from migpart.controller.reconcile import PolicyRound
@@ -35,6 +32,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
     a burst of pod events this is what keeps the rounds as few as the plans). Ends when
     stopped (the policy's DELETED event, or the operator's exit)."""
     wake, stopped = signals.wake, signals.stopped
+    clock = state.clock
     reported: str | None = None  # the failure last told in an Event, while it lasts
     seen = -1  # state.changes when the last round began
     again = True  # the last round wants another one even if nothing changes
@@ -50,8 +48,8 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
             if not state.leading():
                 # a standby keeps its indexes warm and plans nothing; taking over wakes it
                 again = True
-            elif again or seen != state.changes or time.monotonic() - last_round > FULL_ROUND_S:
-                seen, last_round = state.changes, time.monotonic()
+            elif again or seen != state.changes or clock.monotonic() - last_round > FULL_ROUND_S:
+                seen, last_round = state.changes, clock.monotonic()
                 # nodes the operator leaves alone (lease expired, plugin not registered)
                 unavailable = dict(state.health.unavailable())
                 cluster = replace(cluster_from(state.indexes), unavailable=unavailable)
@@ -75,11 +73,11 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
             if stopped.is_set():
                 return
             if held_back:
-                await wait_until_set(stopped, wait)
+                await clock.wait(stopped, wait)
                 continue
-            if await wait_until_set(wake, wait):
+            if await clock.wait(wake, wait):
                 # Woken by a watch event: let a burst of events coalesce first.
-                await asyncio.sleep(SETTLE_S)
+                await clock.sleep(SETTLE_S)
     finally:
         state.metrics.forget_policy(name)
         for per_policy in (state.first_pending, state.snapshots, state.plans):

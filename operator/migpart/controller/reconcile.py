@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -34,7 +33,7 @@ from migpart.controller.indexes import with_own_writes
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
 from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
 from migpart.controller.status import invalid_status, round_status
-from migpart.dra import now_iso
+from migpart.dra import as_iso
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.demand import aged_requests
 from migpart.kube.snapshot import SnapshotCache, node_name
@@ -73,6 +72,7 @@ class PolicyRound:
     def __init__(self, state: OperatorState, name: str, body: Body, cluster: Cluster) -> None:
         self.state = state
         self.effects = state.effects
+        self.clock = state.clock
         self.name = name
         self.body = body
         self.cluster = with_own_writes(cluster, state.written)
@@ -81,6 +81,7 @@ class PolicyRound:
             state.hooks,
             state.metrics,
             state.fresh_allocations,
+            state.clock,
             state.withdraw_grace_s,
             state.allocations,
             state.withdrawing,
@@ -129,7 +130,7 @@ class PolicyRound:
         nothing pending, plan at once (spares only; an unchanged plan writes nothing). Either
         way, not sooner than PACE_FACTOR times the last plan's cost after it, times the number
         of policies with pending requests (they share the budget)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if demand.requests:
             first = self.state.first_pending.setdefault(self.name, now)
             window_s = policy.spec.reconfiguration.batch_window_seconds
@@ -150,7 +151,7 @@ class PolicyRound:
         if last is None:
             return 0.0
         pace_s = PACE_FACTOR * max(1, len(self.state.first_pending)) * last.cost_s
-        return max(0.0, last.at + pace_s - time.monotonic())
+        return max(0.0, last.at + pace_s - self.clock.monotonic())
 
     async def plan_and_apply(
         self, policy: GpuPartitionPolicy, scope: Scope
@@ -163,7 +164,7 @@ class PolicyRound:
         # Within a priority, the claims that waited longest rank first (they age by level, so
         # the inputs stay equal between levels and a known plan is still reused).
         requests = tuple(
-            aged_requests(scope.demand.requests, self.cluster.waiting, datetime.now(UTC))
+            aged_requests(scope.demand.requests, self.cluster.waiting, self.clock.now())
         )
         inputs = PlanInputs(scope.nodes, allocated, requests, policy.metadata.get("generation"))
         known = self.state.plans.get(self.name)
@@ -174,7 +175,9 @@ class PolicyRound:
         started = time.perf_counter()
         plan = make_plan(snapshot, requests, policy.spec.policy_view())
         duration_s = time.perf_counter() - started
-        self.state.last_plans[self.name] = PlanTiming(time.monotonic(), time.perf_counter() - began)
+        self.state.last_plans[self.name] = PlanTiming(
+            self.clock.monotonic(), time.perf_counter() - began
+        )
         self.state.metrics.plan_duration.labels(self.name).observe(duration_s)
         result, last_plan = await self.apply(policy, scope, snapshot, plan, duration_s)
         self.state.plans[self.name] = (inputs, plan)  # applied in full (no Redo, no error)
@@ -205,7 +208,7 @@ class PolicyRound:
         destroyed = sum(len(c[0] - c[1]) for (node, _), c in changes.items() if node in chosen)
         last_plan = LastPlan(
             plan_id=plan_id,
-            time=now_iso(),
+            time=as_iso(self.clock.now()),
             duration_millis=round(duration_s * 1000, 3),
             satisfied=len(satisfied),
             unsatisfied=len(plan.unsatisfied),
@@ -301,7 +304,12 @@ class PolicyRound:
     ) -> None:
         """Write the policy status if it changed since our last write."""
         status = round_status(
-            self.body, scope, last_plan, self.state.statuses.get(self.name), excluded
+            self.body,
+            scope,
+            last_plan,
+            self.state.statuses.get(self.name),
+            excluded,
+            now=as_iso(self.clock.now()),
         )
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         written = (uid_of(self.body), dumped)
@@ -324,7 +332,8 @@ async def report_invalid(
     state: OperatorState, name: str, body: Body, error: ValidationError
 ) -> str:
     """Write the ValidationError as the Ready condition; returns the message for kopf."""
-    status, message = invalid_status(body, error, state.statuses.get(name))
+    now = as_iso(state.clock.now())
+    status, message = invalid_status(body, error, state.statuses.get(name), now)
     await state.effects.write_status(name, status)
     dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
     state.statuses[name] = (uid_of(body), dumped)

@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from migpart.api.models import MigNode
+from migpart.clock import Clock
 from migpart.controller.effects import Effects
 from migpart.controller.health import NodeHealth
 from migpart.controller.metrics import Metrics
@@ -40,7 +41,7 @@ WithdrawHook = Callable[[str, frozenset[str]], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Sighting:
-    """A claim's allocation seen by a quorum read: its devices, and when (monotonic)."""
+    """A claim's allocation seen by a quorum read: its devices, and when (clock.monotonic)."""
 
     devices: frozenset[DeviceId]
     seen: float
@@ -48,7 +49,7 @@ class Sighting:
 
 @dataclass(frozen=True, slots=True)
 class PlanTiming:
-    """When a policy last planned (monotonic) and what the snapshot and plan cost."""
+    """When a policy last planned (clock.monotonic) and what the snapshot and plan cost."""
 
     at: float
     cost_s: float
@@ -92,12 +93,17 @@ class OperatorState:
     # what the operator does to the world: the API server (`KubeEffects`), or a test's
     # `InMemoryEffects`; bound to the leadership term held now (`lead`)
     effects: Effects
+    # when it is, and waiting (batch windows, pacing, sightings, the grace, the loops' ticks):
+    # `RealClock` in the process, a test's `ManualClock`
+    clock: Clock
+    # which nodes are unavailable (agent Lease expired, plugin not registered), on that clock
+    health: NodeHealth
     metrics: Metrics = field(default_factory=Metrics)
     hooks: Hooks = field(default_factory=Hooks)
     tick_s: float = 1.0
     # destroy protocol: how long to wait between the withdrawal and the confirming read
     withdraw_grace_s: float = 1.0
-    # policy name -> monotonic time its oldest pending request was first seen
+    # policy name -> when (clock.monotonic) its oldest pending request was first seen
     first_pending: dict[str, float] = field(default_factory=dict)
     # policy name -> its last plan (to pace planning under a stream of changes)
     last_plans: dict[str, PlanTiming] = field(default_factory=dict)
@@ -134,9 +140,7 @@ class OperatorState:
     watched: dict[str, Index] = field(default_factory=dict)
     # the task that republishes every slice periodically (handlers.resync_slices)
     resync: asyncio.Task[None] | None = None
-    # which nodes are unavailable (agent Lease expired, plugin not registered), and the
-    # operator's own tasks besides the resync: Lease watch, health checks, CRD wait
-    health: NodeHealth = field(default_factory=NodeHealth)
+    # the operator's own tasks besides the resync: Lease watch, health checks, CRD wait
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # the leader election (None: none, this operator always writes)
     elector: LeaderElector | None = None

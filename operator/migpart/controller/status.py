@@ -1,4 +1,7 @@
-"""The GpuPartitionPolicy status: what a round reports, built on what we last wrote."""
+"""The GpuPartitionPolicy status: what a round reports, built on what we last wrote.
+
+`now` is the time a condition that changes status takes as its transition time (the round's
+clock, as a Kubernetes `metav1.Time`)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ from migpart.api.models import (
 )
 from migpart.controller.bodies import uid_of
 from migpart.controller.scope import Scope
-from migpart.dra import now_iso
 
 Body = Mapping[str, Any]
 # (policy uid, the status as written)
@@ -40,7 +42,9 @@ def previous_status(body: Body, written: Written | None = None) -> GpuPartitionP
         return GpuPartitionPolicyStatus()
 
 
-def ready_condition(status: str, reason: str, message: str, previous: list[Condition]) -> Condition:
+def ready_condition(
+    status: str, reason: str, message: str, previous: list[Condition], now: str
+) -> Condition:
     old = next((c for c in previous if c.type == "Ready"), None)
     same = old is not None and old.status == status
     return Condition(
@@ -48,7 +52,7 @@ def ready_condition(status: str, reason: str, message: str, previous: list[Condi
         status="True" if status == "True" else "False",
         reason=reason,
         message=message,
-        last_transition_time=old.last_transition_time if same and old else now_iso(),
+        last_transition_time=old.last_transition_time if same and old else now,
     )
 
 
@@ -56,7 +60,9 @@ def _generation(body: Body) -> int:
     return int((body.get("metadata") or {}).get("generation") or 0)
 
 
-def excluded_condition(excluded: Mapping[str, str], previous: list[Condition]) -> Condition:
+def excluded_condition(
+    excluded: Mapping[str, str], previous: list[Condition], now: str
+) -> Condition:
     """`NodesExcluded`: True while nodes the selector matches are left out of planning
     (controller/screening.py), naming each and why."""
     old = next((c for c in previous if c.type == "NodesExcluded"), None)
@@ -68,7 +74,7 @@ def excluded_condition(excluded: Mapping[str, str], previous: list[Condition]) -
         reason="InvalidNodeStatus" if excluded else "AllNodesSound",
         message=(f"{len(excluded)} node(s) not planned: {message}" if excluded else "")[:4096],
         last_transition_time=(
-            old.last_transition_time if old is not None and old.status == status else now_iso()
+            old.last_transition_time if old is not None and old.status == status else now
         ),
     )
 
@@ -79,6 +85,8 @@ def round_status(
     last_plan: LastPlan | None,
     written: Written | None,
     excluded: Mapping[str, str] | None = None,
+    *,
+    now: str,
 ) -> GpuPartitionPolicyStatus:
     """The status after a round over `scope` (which planned `last_plan`, if any); `excluded`:
     the policy's nodes left out of planning, and why."""
@@ -89,10 +97,11 @@ def round_status(
             "NodesUnavailable",
             f"all {len(scope.unavailable)} node(s) unavailable (see unavailableNodes)",
             previous.conditions,
+            now,
         )
     elif not scope.nodes:
         ready = ready_condition(
-            "False", "NoNodes", "the node selector matches no MigNode", previous.conditions
+            "False", "NoNodes", "the node selector matches no MigNode", previous.conditions, now
         )
     elif scope.demand.unsatisfiable:
         ready = ready_condition(
@@ -100,9 +109,10 @@ def round_status(
             "Unsatisfiable",
             f"{len(scope.demand.unsatisfiable)} pending claim(s) no permitted profile can satisfy",
             previous.conditions,
+            now,
         )
     else:
-        ready = ready_condition("True", "Reconciled", "", previous.conditions)
+        ready = ready_condition("True", "Reconciled", "", previous.conditions, now)
     return GpuPartitionPolicyStatus(
         observed_generation=_generation(body),
         nodes=len(scope.nodes) + len(scope.unavailable),
@@ -115,14 +125,14 @@ def round_status(
         ],
         conditions=[
             ready,
-            excluded_condition(excluded or {}, previous.conditions),
+            excluded_condition(excluded or {}, previous.conditions, now),
             *(c for c in previous.conditions if c.type not in ("Ready", "NodesExcluded")),
         ],
     )
 
 
 def invalid_status(
-    body: Body, error: ValidationError, written: Written | None
+    body: Body, error: ValidationError, written: Written | None, now: str
 ) -> tuple[GpuPartitionPolicyStatus, str]:
     """The status of a policy whose spec is invalid, and the message naming the field."""
     first = error.errors()[0]
@@ -131,6 +141,6 @@ def invalid_status(
     previous = previous_status(body, written)
     status = GpuPartitionPolicyStatus(
         observed_generation=_generation(body),
-        conditions=[ready_condition("False", "InvalidSpec", message, previous.conditions)],
+        conditions=[ready_condition("False", "InvalidSpec", message, previous.conditions, now)],
     )
     return status, message

@@ -10,9 +10,11 @@ from typing import Any, cast
 import pytest
 
 from migpart.api.models import MigNode
+from migpart.clock import ManualClock
 from migpart.controller import handlers
 from migpart.controller.decisions import refused_spec_repair
 from migpart.controller.effects import InMemoryEffects, Refused
+from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.state import OperatorState
 from migpart.errors import NotLeader
@@ -40,7 +42,15 @@ async def leader() -> tuple[LeaderElector, Clock]:
 
 def operator(effects: InMemoryEffects, publisher: Any = None) -> OperatorState:
     none = cast(Any, None)
-    return OperatorState(api=none, credentials=none, publisher=publisher, effects=effects)
+    clock = ManualClock()
+    return OperatorState(
+        api=none,
+        credentials=none,
+        publisher=publisher,
+        effects=effects,
+        clock=clock,
+        health=NodeHealth(clock),
+    )
 
 
 async def test_a_spec_carries_the_terms_fencing_token() -> None:

@@ -8,14 +8,15 @@ from typing import Any
 
 import pytest
 
+from migpart.clock import ManualClock
 from migpart.controller import loop
 from migpart.controller.effects import InMemoryEffects
-from migpart.controller.reconcile import PolicyRound
+from migpart.controller.reconcile import PACE_FACTOR, PolicyRound
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.controller.workers import Signals
 from tests.unit.controller.factories import claim
-from tests.unit.controller.test_round import one_gpu, operator, world
+from tests.unit.controller.test_round import clock_of, one_gpu, operator, world
 
 
 def indexed(state: OperatorState, cluster: Cluster) -> OperatorState:
@@ -40,16 +41,33 @@ async def until(event: asyncio.Event, loop_task: asyncio.Task[None]) -> None:
     waiter.cancel()
 
 
+async def waiting(clock: ManualClock, loop_task: asyncio.Task[None]) -> list[float]:
+    """Until the loop waits on the clock (or ends early); the deadlines it waits for."""
+    waiter = asyncio.create_task(clock.waiting())
+    await asyncio.wait({waiter, loop_task}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    return clock.deadlines()
+
+
+async def burst(state: OperatorState, signals: Signals) -> None:
+    """A burst of pod events: every loop woken, 20 times."""
+    for _ in range(20):
+        state.wake_all()
+        signals.wake.set()
+        await asyncio.sleep(0.01)
+
+
 async def test_changes_do_not_bring_a_held_back_plan_forward(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A batch window is open: a burst of changes must not each run a round (each would scope
     the whole cluster only to find the plan still held back); the next round runs when the
-    window ends, and plans."""
+    window ends on the operator's clock, and plans."""
     nodes = {"a": one_gpu("a", 1)}
     cluster = world(nodes, [claim("c1", "3g.40gb")], batchWindowSeconds=1)
     effects = InMemoryEffects(mignodes=dict(nodes))
     state = indexed(operator(effects), cluster)
+    clock = clock_of(state)
     rounds: list[bool] = []
     held, planned = asyncio.Event(), asyncio.Event()
     real_run = PolicyRound.run
@@ -65,13 +83,15 @@ async def test_changes_do_not_bring_a_held_back_plan_forward(
     task = asyncio.create_task(loop.plan_policy(state, "pa", signals))
     try:
         await until(held, task)
-        for _ in range(20):  # a burst of pod events inside the window
-            state.wake_all()
-            signals.wake.set()
-            await asyncio.sleep(0.01)
+        assert await waiting(clock, task) == [1.0]  # until the window ends
+        await burst(state, signals)
+        clock.advance(0.5)
+        await burst(state, signals)
         assert rounds == [True]  # one round, held back by the window; no round per change
+        assert effects.specs == []
+        clock.advance(0.5)
         await until(planned, task)
-        assert rounds[-1] is False  # the window ended: planned
+        assert rounds == [True, False]  # the window ended: planned
         assert effects.specs
     finally:
         signals.stopped.set()
@@ -80,34 +100,37 @@ async def test_changes_do_not_bring_a_held_back_plan_forward(
 
 async def test_after_a_plan_changes_wait_for_the_pace(monkeypatch: pytest.MonkeyPatch) -> None:
     """Right after a plan, the next one is paced: a burst of changes runs no round before
-    that (each would scope the whole cluster only to be paced)."""
-    from migpart.controller import reconcile
-
-    monkeypatch.setattr(reconcile, "PACE_FACTOR", 1e6)  # the next plan is hours away
+    that (each would scope the whole cluster only to be paced); once the pace has passed on
+    the operator's clock, the next round runs."""
     nodes = {"a": one_gpu("a", 1)}
     cluster = world(nodes, [claim("c1", "3g.40gb")])
     state = indexed(operator(InMemoryEffects(mignodes=dict(nodes))), cluster)
+    clock = clock_of(state)
     rounds: list[bool] = []
-    planned = asyncio.Event()
+    ran = asyncio.Event()
     real_run = PolicyRound.run
 
     async def counted(self: PolicyRound) -> Any:
         result = await real_run(self)
         rounds.append(self.deferred)
-        planned.set()
+        ran.set()
         return result
 
     monkeypatch.setattr(PolicyRound, "run", counted)
     signals = Signals()
     task = asyncio.create_task(loop.plan_policy(state, "pa", signals))
     try:
-        await until(planned, task)
+        await until(ran, task)
         assert rounds == [False]
-        for _ in range(20):
-            state.wake_all()
-            signals.wake.set()
-            await asyncio.sleep(0.01)
+        [paced_until] = await waiting(clock, task)
+        last = state.last_plans["pa"]
+        assert paced_until == pytest.approx(last.at + PACE_FACTOR * last.cost_s)
+        await burst(state, signals)
         assert rounds == [False]
+        ran.clear()
+        clock.advance(paced_until - clock.monotonic())
+        await until(ran, task)
+        assert len(rounds) == 2
     finally:
         signals.stopped.set()
         await task

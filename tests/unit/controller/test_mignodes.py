@@ -7,6 +7,8 @@ import asyncio
 from typing import Any, cast
 
 from migpart.api.models import MigNode
+from migpart.clock import ManualClock
+from migpart.controller.health import NodeHealth
 from migpart.controller.mignodes import MigNodeWatch
 from migpart.controller.state import OperatorState
 from tests.unit.controller.factories import mignode
@@ -42,7 +44,15 @@ def watch() -> tuple[MigNodeWatch, Publisher, asyncio.Event]:
     none = cast(Any, None)
     # the recorder stands in for the publisher and for the write port that publishes through it
     fake = cast(Any, publisher)
-    state = OperatorState(api=none, credentials=none, publisher=fake, effects=fake)
+    clock = ManualClock()
+    state = OperatorState(
+        api=none,
+        credentials=none,
+        publisher=fake,
+        effects=fake,
+        clock=clock,
+        health=NodeHealth(clock),
+    )
     listed = asyncio.Event()
     return MigNodeWatch(state, listed), publisher, listed
 

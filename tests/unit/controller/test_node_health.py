@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, cast
 
 from migpart.api.models import Condition, KubeletPluginStatus, MigNode
+from migpart.clock import ManualClock
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
@@ -18,38 +19,30 @@ from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placem
 from tests.unit.kube.factories import gpu
 
 
-@dataclass
-class Clock:
-    now: float = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def health(clock: Clock, *nodes: str) -> NodeHealth:
-    h = NodeHealth(timeout_s=40.0, clock=clock)
+def health(clock: ManualClock, *nodes: str) -> NodeHealth:
+    h = NodeHealth(clock, timeout_s=40.0)
     for node in nodes:
         h.mignode(node, None)
     return h
 
 
 def test_nothing_is_stale_before_the_leases_were_listed() -> None:
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     h = health(clock, "a")
-    clock.now += 1000
+    clock.advance(1000)
     assert h.check() == []
     assert h.reason("a") is None
     assert not h.synced
 
 
 def test_a_lease_not_renewed_for_the_timeout_makes_its_node_stale_until_renewed() -> None:
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     h = health(clock, "a", "b")
     h.leases_listed({"a": "t1", "b": "t1"})
-    clock.now += 30
+    clock.advance(30)
     h.lease_renewed("a", "t2")
     h.lease_renewed("b", "t1")  # the same renewTime again (a relist): not a renewal
-    clock.now += 15  # b: 45 s silent, a: 15 s
+    clock.advance(15)  # b: 45 s silent, a: 15 s
     assert h.check() == ["b"]
     assert h.reason("b") == "LeaseExpired"
     assert h.unavailable() == {"b": "LeaseExpired"}
@@ -61,22 +54,22 @@ def test_a_lease_not_renewed_for_the_timeout_makes_its_node_stale_until_renewed(
 
 
 def test_a_restarted_operator_gives_every_lease_the_timeout_from_its_first_list() -> None:
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     h = health(clock, "a")
-    clock.now += 1000
+    clock.advance(1000)
     h.leases_listed({"a": "renewed long before the operator started"})
-    clock.now += 39
+    clock.advance(39)
     assert h.check() == []
-    clock.now += 2
+    clock.advance(2)
     assert h.check() == ["a"]
 
 
 def test_a_node_without_a_lease_is_not_judged_by_one() -> None:
     """Its agent predates Leases (an upgrade in progress): it keeps its devices."""
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     h = health(clock, "a", "b")
     h.leases_listed({"b": "t1"})
-    clock.now += 1000
+    clock.advance(1000)
     assert h.check() == ["b"]
     assert h.reason("a") is None
     h.lease_deleted("b")  # its Node went (the Lease is owned by it)
@@ -85,10 +78,10 @@ def test_a_node_without_a_lease_is_not_judged_by_one() -> None:
 
 
 def test_a_deleted_node_is_forgotten() -> None:
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     h = health(clock, "a")
     h.leases_listed({"a": "t1"})
-    clock.now += 100
+    clock.advance(100)
     h.check()
     h.forget("a")
     assert h.unavailable() == {}
@@ -96,7 +89,7 @@ def test_a_deleted_node_is_forgotten() -> None:
 
 
 def test_plugin_registration_counts_at_once_and_only_where_reported() -> None:
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     h = health(clock, "a")
     h.registration_grace_s = 0.0  # the grace after a registration: tested below
     h.leases_listed({"a": "t1"})
@@ -111,7 +104,7 @@ def test_plugin_registration_counts_at_once_and_only_where_reported() -> None:
     assert h.mignode("a", None)  # an agent that does not report it: not gated
     # an expired lease wins over the registration
     h.mignode("a", waiting)
-    clock.now += 50
+    clock.advance(50)
     assert h.check() == ["a"]
     assert h.reason("a") == "LeaseExpired"
 
@@ -153,7 +146,15 @@ def _world(unavailable: dict[str, str]) -> Cluster:
 async def _round(cluster: Cluster) -> InMemoryEffects:
     effects = InMemoryEffects(mignodes=dict(cluster.mignodes))
     none = cast(Any, None)
-    state = OperatorState(api=none, credentials=none, publisher=none, effects=effects)
+    clock = ManualClock()
+    state = OperatorState(
+        api=none,
+        credentials=none,
+        publisher=none,
+        effects=effects,
+        clock=clock,
+        health=NodeHealth(clock),
+    )
     await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
     return effects
 
@@ -184,26 +185,26 @@ async def test_a_policy_whose_nodes_are_all_unavailable_is_not_ready() -> None:
 
 def test_while_the_lease_watch_is_broken_no_node_goes_stale() -> None:
     """An operator that cannot see renewals must not take them for dead agents."""
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     h = health(clock, "a")
     h.leases_listed({"a": "t1"})
     h.lease_watch_broken()
-    clock.now += 1000
+    clock.advance(1000)
     assert h.check() == []
     assert h.reason("a") is None
     h.leases_listed({"a": "t1"})  # back: every Lease gets a full timeout from now
-    clock.now += 39
+    clock.advance(39)
     assert h.check() == []
-    clock.now += 2
+    clock.advance(2)
     assert h.check() == ["a"]
 
 
 def test_only_a_renewal_after_the_first_list_proves_an_agent_alive() -> None:
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     h = health(clock, "a", "b")
     assert not h.heard_since_listed("a")
     h.leases_listed({"a": "t1", "b": "t1"})
-    clock.now += 5
+    clock.advance(5)
     assert not h.heard_since_listed("a")  # a Lease exists: that says nothing about now
     h.lease_renewed("a", "t2")
     assert h.heard_since_listed("a")
@@ -214,10 +215,10 @@ def test_every_change_is_reported_by_the_next_check_whoever_noticed_it() -> None
     """A MigNode event (e.g. the operator's own spec write) landing between a Lease's expiry
     and the check must not swallow the transition: its side effects (Stale condition, slice,
     metrics) happen in the check."""
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     h = health(clock, "a")
     h.leases_listed({"a": "t1"})
-    clock.now += 50
+    clock.advance(50)
     assert h.mignode("a", None)  # the event already sees the expiry ...
     assert h.check() == ["a"]  # ... and the check still reports it
     assert h.check() == []
@@ -232,8 +233,8 @@ def test_a_node_that_was_registered_keeps_its_devices_for_the_registration_grace
     again: a node seen registered stays available for the grace, from the first report that
     said otherwise (later ones do not extend it); past it, or with an expired Lease, it is
     unavailable. A node never seen registered gets no grace."""
-    clock = Clock()
-    h = NodeHealth(timeout_s=40.0, clock=clock, registration_grace_s=10.0)
+    clock = ManualClock(at=100.0)
+    h = NodeHealth(clock, timeout_s=40.0, registration_grace_s=10.0)
     h.leases_listed({"a": "t1", "b": "t1"})
     waiting = KubeletPluginStatus(registered=False, message="waiting for kubelet")
     registered = KubeletPluginStatus(registered=True)
@@ -244,16 +245,16 @@ def test_a_node_that_was_registered_keeps_its_devices_for_the_registration_grace
     assert not h.mignode("a", waiting)  # the agent restarted
     assert h.check() == ["b"]
     assert h.reason("a") is None
-    clock.now += 6
+    clock.advance(6)
     assert not h.mignode("a", waiting)  # a second report does not extend the grace
     assert h.check() == []
     assert not h.mignode("a", registered)  # kubelet registered it again: never withdrawn
     assert h.reason("a") is None
 
     assert not h.mignode("a", waiting)  # restarted again, and kubelet does not register it
-    clock.now += 9
+    clock.advance(9)
     assert h.check() == []
-    clock.now += 2
+    clock.advance(2)
     assert h.check() == ["a"]
     assert h.reason("a") == "PluginNotRegistered"
     assert h.mignode("a", registered)
@@ -261,14 +262,14 @@ def test_a_node_that_was_registered_keeps_its_devices_for_the_registration_grace
 
     h.lease_renewed("a", "t2")
     h.mignode("a", waiting)  # within the grace, but the Lease expires: the Lease wins
-    clock.now += 41
+    clock.advance(41)
     h.check()
     assert h.reason("a") == "LeaseExpired"
 
 
 def test_no_registration_grace_when_it_is_zero() -> None:
-    clock = Clock()
-    h = NodeHealth(timeout_s=40.0, clock=clock, registration_grace_s=0.0)
+    clock = ManualClock(at=100.0)
+    h = NodeHealth(clock, timeout_s=40.0, registration_grace_s=0.0)
     h.leases_listed({"a": "t1"})
     h.mignode("a", KubeletPluginStatus(registered=True))
     assert h.mignode("a", KubeletPluginStatus(registered=False, message="waiting"))
@@ -281,7 +282,7 @@ def test_a_check_looks_only_at_what_can_have_changed_and_agrees_with_a_full_pass
     registrations and lists, with time passing: after each check, every node's verdict is
     what a pass over all of them gives."""
     rng = random.Random(10)
-    clock = Clock()
+    clock = ManualClock(at=100.0)
     nodes = [f"n{i}" for i in range(40)]
     h = health(clock, *nodes)
     h.leases_listed({n: "t0" for n in nodes[:30]})  # n30..n39 have no Lease
@@ -300,7 +301,7 @@ def test_a_check_looks_only_at_what_can_have_changed_and_agrees_with_a_full_pass
             h.mignode(node, KubeletPluginStatus(registered=registered, message="waiting"))
         elif action < 0.61:
             h.leases_listed({n: f"t{stamp}" for n in nodes if rng.random() < 0.8})
-        clock.now += rng.choice([0.0, 0.5, 1.0, 3.0, 15.0])
+        clock.advance(rng.choice([0.0, 0.5, 1.0, 3.0, 15.0]))
         if rng.random() < 0.3:
             h.check()
             assert {n: h._reason(n) for n in nodes if h._reason(n)} == dict(h.unavailable())
@@ -312,7 +313,7 @@ def test_a_check_looks_only_at_what_can_have_changed_and_agrees_with_a_full_pass
         h.mignode(n, KubeletPluginStatus(registered=True, message=""))
     h.check()
     assert h._candidates() == set()
-    clock.now += 41  # every Lease silent for longer than the timeout: every node, once
+    clock.advance(41)  # every Lease silent for longer than the timeout: every node, once
     assert h._candidates() == set(nodes)
     assert h.check() == sorted(nodes)
 
@@ -328,7 +329,15 @@ async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last
     effects = InMemoryEffects()
     publisher = SlicePublisher(cast(Any, None))
     none = cast(Any, None)
-    state = OperatorState(api=none, credentials=none, publisher=publisher, effects=effects)
+    clock = ManualClock()
+    state = OperatorState(
+        api=none,
+        credentials=none,
+        publisher=publisher,
+        effects=effects,
+        clock=clock,
+        health=NodeHealth(clock),
+    )
 
     def writes() -> list[tuple[str, str, str]]:
         return [

@@ -7,8 +7,10 @@ from typing import Any, cast
 import pytest
 
 from migpart.api.models import MigNode
+from migpart.clock import ManualClock
 from migpart.controller.decisions import changed_nodes, choose_nodes
 from migpart.controller.effects import InMemoryEffects
+from migpart.controller.health import NodeHealth
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
@@ -36,7 +38,21 @@ def world(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]], **spec
 
 def operator(effects: InMemoryEffects) -> OperatorState:
     none = cast(Any, None)
-    return OperatorState(api=none, credentials=none, publisher=none, effects=effects)
+    clock = ManualClock()
+    return OperatorState(
+        api=none,
+        credentials=none,
+        publisher=none,
+        effects=effects,
+        clock=clock,
+        health=NodeHealth(clock),
+    )
+
+
+def clock_of(state: OperatorState) -> ManualClock:
+    """The manual clock of an `operator(...)`, for the test to move time on."""
+    assert isinstance(state.clock, ManualClock)
+    return state.clock
 
 
 async def run(state: OperatorState, cluster: Cluster) -> PolicyRound:
@@ -81,7 +97,7 @@ async def test_a_destroyed_instance_is_withdrawn_and_confirmed_before_the_spec_d
     state = operator(effects)
     await run(state, world(nodes, [claim("c1", "3g.40gb")]))
     assert effects.withdrawals == [("a", frozenset({"gpu-0-7g80gb-0"}))]
-    assert effects.slept_s == state.withdraw_grace_s  # the grace before the confirming read
+    assert clock_of(state).slept_s == state.withdraw_grace_s  # the grace before the read
     [(_, spec)] = effects.specs
     assert "7g.80gb" not in [i.profile for i in spec.gpus[0].instances]
     steps = [e.step for e in state.hooks.journal]
@@ -184,13 +200,13 @@ async def test_the_same_inputs_are_not_planned_twice(monkeypatch: Any) -> None:
     state = operator(effects)
     cluster = world(busy, [claim("c1", "3g.40gb")])
     await run(state, cluster)
-    state.last_plans.clear()  # not paced: this test is about the inputs
+    clock_of(state).advance(3600)  # past any pace: this test is about the inputs
     round_ = await run(state, cluster)
     assert len(calls) == 1
     assert not round_.deferred
     assert effects.specs == []
     freed = {"a": one_gpu("a", 2)}  # the instance went away: plan again, and write
-    state.last_plans.clear()
+    clock_of(state).advance(3600)
     await run(state, world(freed, [claim("c1", "3g.40gb")]))
     assert len(calls) == 2
     assert [node for node, _ in effects.specs] == ["a"]
@@ -199,28 +215,58 @@ async def test_the_same_inputs_are_not_planned_twice(monkeypatch: Any) -> None:
 async def test_busy_policies_share_one_planning_budget() -> None:
     """Pacing: a policy plans again PACE_FACTOR x its last plan's cost later, times the number
     of policies with pending requests, so that planning CPU does not grow with policies."""
-    import time
-
     from migpart.controller.reconcile import PACE_FACTOR
     from migpart.controller.state import PlanTiming
 
     nodes = {"a": one_gpu("a", 1)}
     state = operator(InMemoryEffects(mignodes=dict(nodes)))
+    clock = clock_of(state)
     cluster = world(nodes, [claim("c1", "3g.40gb")])
     round_ = PolicyRound(state, "pa", cluster.policies["pa"], cluster)
     scope = round_.scope()
     assert scope is not None
     policy = state.scopes.policy("pa", cluster.policies["pa"])
     assert policy is not None
-    long_ago = time.monotonic() - 3600
-    state.first_pending = {"pa": long_ago}
-    state.last_plans["pa"] = PlanTiming(time.monotonic(), 10.0)
+    state.first_pending = {"pa": clock.monotonic()}
+    clock.advance(3600)
+    state.last_plans["pa"] = PlanTiming(clock.monotonic(), 10.0)
     assert not round_.may_plan(policy, scope.demand)
-    alone = round_.retry_in_s
-    state.first_pending["pb"] = long_ago  # another policy has pending requests too
+    assert round_.retry_in_s == PACE_FACTOR * 10.0
+    state.first_pending["pb"] = 0.0  # another policy has pending requests too
     assert not round_.may_plan(policy, scope.demand)
-    assert PACE_FACTOR * 10.0 * 1.5 < round_.retry_in_s <= PACE_FACTOR * 10.0 * 2
-    assert alone <= PACE_FACTOR * 10.0
+    assert round_.retry_in_s == PACE_FACTOR * 10.0 * 2
+    clock.advance(PACE_FACTOR * 10.0 * 2)
+    assert round_.may_plan(policy, scope.demand)
+
+
+async def test_the_batch_window_then_the_pace_hold_a_plan_back_until_the_clock_moves() -> None:
+    """batchWindowSeconds 5: the rounds that see the claim hold its plan back until 5 s (on the
+    operator's clock) after it was first seen, then one plans; the plan after it is paced,
+    PACE_FACTOR x that plan's cost later."""
+    from migpart.controller.reconcile import PACE_FACTOR
+
+    nodes = {"a": one_gpu("a", 1)}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    clock = clock_of(state)
+    cluster = world(nodes, [claim("c1", "3g.40gb")], batchWindowSeconds=5)
+    round_ = await run(state, cluster)
+    assert (round_.deferred, round_.retry_in_s) == (True, 5.0)
+    clock.advance(4)
+    round_ = await run(state, cluster)
+    assert (round_.deferred, round_.retry_in_s) == (True, 1.0)
+    assert effects.specs == []
+    clock.advance(1)
+    round_ = await run(state, cluster)
+    assert not round_.deferred
+    assert [node for node, _ in effects.specs] == ["a"]
+    assert state.last_plans["pa"].at == clock.monotonic()
+    pace_s = PACE_FACTOR * state.last_plans["pa"].cost_s
+    round_ = await run(state, cluster)  # the claim is still pending: the next plan is paced
+    assert round_.deferred
+    assert round_.retry_in_s == pytest.approx(pace_s)
+    clock.advance(pace_s * 1.01)
+    assert not (await run(state, cluster)).deferred
 
 
 async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_itself() -> None:
@@ -232,19 +278,12 @@ async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_i
         "b": one_gpu("b", 2, ("7g.80gb", 0, "Free")),
     }
     effects = InMemoryEffects(mignodes=dict(nodes))
-    reads = 0
 
     async def scheduler_wins(node: str, devices: frozenset[str]) -> None:
         if node == "a":
             effects.claims.append(allocation("racer", node, "gpu-0-7g80gb-0"))
 
-    async def read_claims() -> list[dict[str, Any]]:
-        nonlocal reads
-        reads += 1
-        return list(effects.claims)
-
     effects.on_withdraw = scheduler_wins
-    effects.read_claims = read_claims  # type: ignore[method-assign]
     state = operator(effects)
     claims = [claim(f"c{i}", "3g.40gb") for i in range(4)]
     await run(state, world(nodes, claims, maxConcurrentNodes=2))
@@ -257,8 +296,8 @@ async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_i
     for node, spec in effects.specs:
         if node == "a":
             assert "7g.80gb" in [i.profile for i in spec.gpus[0].instances]
-    assert reads >= 1
-    assert effects.slept_s == state.withdraw_grace_s * reads
+    assert effects.claim_reads >= 1
+    assert clock_of(state).slept_s == state.withdraw_grace_s * effects.claim_reads
 
 
 def two_policies(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]]) -> Cluster:
@@ -336,7 +375,7 @@ async def test_a_round_on_the_old_spec_does_not_hide_the_report_of_an_invalid_ne
     from migpart.controller.bodies import parse_policy
     from migpart.controller.reconcile import report_invalid
 
-    nodes = {"a": one_gpu("a", 1)}
+    nodes = {"a": one_gpu("a", 1, ("7g.80gb", 0, "Free"))}  # the round destroys it
     effects = InMemoryEffects(mignodes=dict(nodes))
     state = operator(effects)
     cluster = world(nodes, [claim("c1", "3g.40gb")])
@@ -345,16 +384,13 @@ async def test_a_round_on_the_old_spec_does_not_hide_the_report_of_an_invalid_ne
     with pytest.raises(ValidationError) as error:
         parse_policy(new)
 
-    write_spec = effects.write_spec
-
-    async def edited_meanwhile(node: str, spec: Any) -> dict[str, Any]:
-        written = await write_spec(node, spec)
+    async def edited_meanwhile(node: str, devices: frozenset[str]) -> None:
         await report_invalid(state, "pa", new, error.value)  # the edit's event, mid-round
-        return written
 
-    effects.write_spec = edited_meanwhile  # type: ignore[method-assign]
+    effects.on_withdraw = edited_meanwhile
     round_ = PolicyRound(state, "pa", old, cluster)
     await round_.run()
+    assert [node for node, _ in effects.specs] == ["a"]  # the round went on to its spec
     assert [s.observed_generation for _, s in effects.statuses] == [2]
     (_, status) = effects.statuses[0]
     ready = {c.type: c.status for c in status.conditions}

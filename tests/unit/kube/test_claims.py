@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, cast
 
 import yaml
 
 from migpart.api.models import MigInstanceStatus, MigNodeStatus
+from migpart.clock import ManualClock
 from migpart.controller.effects import InMemoryEffects
+from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster, scope_of
 from migpart.controller.state import FRESH_S, OperatorState, Sighting
@@ -179,13 +180,16 @@ def test_a_claim_prepared_on_a_node_is_not_planned_again_while_the_watches_lag()
 
 
 def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
+    clock = ManualClock(at=FRESH_S + 1)
     state = OperatorState(
         api=cast(Any, None),
         credentials=cast(Any, None),
         publisher=cast(Any, None),
         effects=InMemoryEffects(),
+        clock=clock,
+        health=NodeHealth(clock),
     )
-    now, long_ago = time.monotonic(), time.monotonic() - FRESH_S - 1
+    now, long_ago = clock.monotonic(), 0.0
     lagging_device = DeviceId("n1", "gpu-0-1g10gb-0")
     indexed_device = DeviceId("n1", "gpu-0-3g40gb-0")
     stale_device = DeviceId("n1", "gpu-0-7g80gb-0")
