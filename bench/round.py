@@ -166,8 +166,7 @@ def one_size(nodes: int, repeats: int) -> None:
     policies = ("pool-a", "pool-b")
     cold = sum(timed(lambda p=p: cache.scope(p, base))[0] for p in policies)
     warm = statistics.median(
-        sum(timed(lambda p=p: cache.scope(p, base))[0] for p in policies)
-        for _ in range(repeats)
+        sum(timed(lambda p=p: cache.scope(p, base))[0] for p in policies) for _ in range(repeats)
     )
     changed = touched(base, 0.01, rng)
     delta = sum(timed(lambda p=p: cache.scope(p, changed))[0] for p in policies)

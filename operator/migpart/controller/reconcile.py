@@ -28,7 +28,7 @@ from migpart.api.models import (
 )
 from migpart.controller import screening
 from migpart.controller.bodies import uid_of
-from migpart.controller.decisions import choose_nodes, layout_changes, node_spec
+from migpart.controller.decisions import node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
@@ -37,7 +37,8 @@ from migpart.controller.status import invalid_status, round_status
 from migpart.dra import now_iso
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.demand import aged_requests
-from migpart.kube.snapshot import SnapshotCache, node_name
+from migpart.kube.snapshot import SnapshotCache, node_name, reconfiguring
+from migpart.planning.changes import changed_nodes, choose_nodes, layout_changes
 from migpart.planning.model import GpuPlan, Plan, Snapshot
 from migpart.planning.planner import plan as make_plan
 
@@ -191,14 +192,13 @@ class PolicyRound:
         """Carry out `plan`: the nodes it changes, as many as may reconfigure at once, get
         their spec, each after the destroy protocol cleared what it drops."""
         changes = layout_changes(snapshot, plan)
-        changed = sorted({node for node, _ in changes})
+        changed = changed_nodes(changes)
         result = RoundResult(planned=True, plan=plan)
         satisfied = frozenset(a.request for a in plan.assignments)
         if not changed:
             return result, None
-        chosen = choose_nodes(
-            changed, scope.nodes, plan, policy.spec.reconfiguration.max_concurrent_nodes
-        )
+        busy = {node_name(n) for n in scope.nodes if reconfiguring(n)}
+        chosen = choose_nodes(changed, busy, plan, policy.spec.reconfiguration.max_concurrent_nodes)
         plan_id = uuid.uuid4().hex[:16]
         targets = [g for g in plan.gpus if g.node in chosen]
         created = sum(len(c[1] - c[0]) for (node, _), c in changes.items() if node in chosen)

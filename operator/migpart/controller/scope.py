@@ -459,4 +459,3 @@ def _eligible(cut: _Cut, by_model: Mapping[str, tuple[str, ...]]) -> frozenset[s
     if len(kept) == len(cut.groups):
         return cut.names
     return frozenset().union(*kept)
-

@@ -41,8 +41,9 @@ def is_allocated(claim: Body) -> bool:
 
 class AllocatedDevices:
     """Our devices that the claims of a claim index hold, kept across rounds: a claim's
-    devices are parsed again only when its body changed (by identity: an index keeps a claim's body object until
-    the claim changes), so a round costs the claims that changed, not all of them."""
+    devices are parsed again only when its body changed (by identity: an index keeps a
+    claim's body object until the claim changes), so a round costs the claims that changed,
+    not all of them."""
 
     def __init__(self) -> None:
         self._claims: dict[str, tuple[Body, frozenset[DeviceId]]] = {}

@@ -69,4 +69,3 @@ async def test_a_long_tick_is_never_shortened_by_a_quick_retry() -> None:
 async def test_other_exceptions_are_bugs_and_propagate() -> None:
     with pytest.raises(ZeroDivisionError):
         await survive(failing(ZeroDivisionError("bug")), 1.0)
-
