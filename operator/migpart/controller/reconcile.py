@@ -36,10 +36,10 @@ from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, Pl
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import now_iso
 from migpart.kube.claims import body_key, claim_generation
-from migpart.kube.demand import aged_requests
 from migpart.kube.snapshot import SnapshotCache, node_name, reconfiguring
 from migpart.planning.changes import changed_nodes, choose_nodes, layout_changes
 from migpart.planning.model import GpuPlan, Plan, Snapshot
+from migpart.planning.overtime import aged_requests
 from migpart.planning.planner import plan as make_plan
 
 log = structlog.get_logger(__name__)

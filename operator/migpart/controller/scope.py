@@ -13,7 +13,7 @@ shared by every policy's loop), holds:
 - each MigNode and policy parsed once per `resourceVersion`, with what scoping derives from a
   MigNode (its GPU models, its profile tables, the claims its agent reports prepared); profile
   tables are interned, one object per distinct table, so that the selector-verdict cache in
-  `kube.demand` and the planner's classes see the same key for every GPU of a model;
+  `kube.selectors` and the planner's classes see the same key for every GPU of a model;
 - the *world*: every policy's node set and the GPU models on it, the nodes' labels and taints,
   the DeviceClasses. Status updates of the agents (instances created, destroyed, prepared)
   leave it unchanged; a label, a policy or a new node changes it, and then every claim's
@@ -37,11 +37,12 @@ from pydantic import ValidationError
 from migpart.api.models import GpuPartitionPolicy, MigNode
 from migpart.controller import screening
 from migpart.controller.bodies import name_of, parse_policy, revision_of, strip, uid_of
-from migpart.kube import demand
 from migpart.kube.claims import body_key, pending_claims, prepared_claims
 from migpart.kube.placement import NodeFacts, NodeFilter, Placement
+from migpart.kube.selectors import CEL
 from migpart.kube.snapshot import node_name
 from migpart.mig import ModelTable
+from migpart.planning import demand
 from migpart.planning.model import Request
 
 log = structlog.get_logger(__name__)
@@ -399,6 +400,7 @@ class ScopeCache:
                 classes,
                 cut.tables,
                 policies[candidate].spec.policy_view(),
+                CEL,
                 policy_name=candidate,
                 priority=priority,
             )
