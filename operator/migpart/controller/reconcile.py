@@ -1,6 +1,7 @@
 """One planning round of one GpuPartitionPolicy: scope -> plan -> destroy protocol -> spec.
 
-A round reads the cluster from the kopf indexes (a `Cluster` value), never lists per event,
+A round reads the cluster from the operator's indexes, which its own watches fill
+(`controller.indexes`, turned into a `Cluster` value), never lists per event,
 and is level-triggered: it recomputes its decisions from what the cluster says now (through
 `scope.ScopeCache`, which redoes only what changed since the last round), and writes a
 MigNode spec only when the plan changes a GPU's layout, so running it twice changes nothing.
