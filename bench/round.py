@@ -25,9 +25,9 @@ import time
 from typing import Any
 
 from migpart.api.models import GpuStatus, MigNode, MigNodeStatus, ProfileInfo
-from migpart.controller.scope import Cluster, ScopeCache, scope_of
+from migpart.controller.scope import Cluster, ScopeCache
 from migpart.kube.placement import NodeFacts
-from migpart.kube.snapshot import build_snapshot
+from migpart.kube.snapshot import SnapshotCache
 from migpart.mig import builtin_table
 from migpart.planning.planner import plan
 
@@ -164,20 +164,19 @@ def one_size(nodes: int, repeats: int) -> None:
     base = cluster(nodes, rng)
     cache = ScopeCache()
     policies = ("pool-a", "pool-b")
-    cold = sum(timed(lambda p=p: scope_of(p, base, cache=cache))[0] for p in policies)
+    cold = sum(timed(lambda p=p: cache.scope(p, base))[0] for p in policies)
     warm = statistics.median(
-        sum(timed(lambda p=p: scope_of(p, base, cache=cache))[0] for p in policies)
-        for _ in range(repeats)
+        sum(timed(lambda p=p: cache.scope(p, base))[0] for p in policies) for _ in range(repeats)
     )
     changed = touched(base, 0.01, rng)
-    delta = sum(timed(lambda p=p: scope_of(p, changed, cache=cache))[0] for p in policies)
+    delta = sum(timed(lambda p=p: cache.scope(p, changed))[0] for p in policies)
     planning = 0.0
     requests = 0
     for p in policies:
-        scope = scope_of(p, changed, cache=cache)
+        scope = cache.scope(p, changed)
         assert scope is not None
         requests += len(scope.demand.requests)
-        snapshot = build_snapshot(scope.nodes, frozenset())
+        snapshot = SnapshotCache().build(scope.nodes, frozenset())
         planning += timed(lambda s=snapshot, r=scope.demand.requests: plan(s, r))[0]
     print(
         f"nodes {nodes} gpus {nodes * 8} claims {2 * nodes} (requests {requests}): "

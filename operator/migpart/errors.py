@@ -21,6 +21,21 @@ class InvalidInput(MigpartError):
         self.message = message
 
 
+class SelectorError(InvalidInput):
+    """A CEL selector that does not compile, fails at run time, or yields no bool.
+
+    DRA treats a runtime error as "this device does not match" and aborts the allocation; the
+    operator reports it (an Event on the claim) instead of retrying. Raised by `kube.cel`,
+    carried in `planning.demand.Unsatisfiable`.
+    """
+
+    def __init__(self, expression: str, message: str, *, runtime: bool = False) -> None:
+        super().__init__("cel", f"{expression!r}: {message}")
+        self.expression = expression
+        self.reason = message
+        self.runtime = runtime
+
+
 class UnknownModel(InvalidInput):
     """A GPU model with no profile table (neither built in nor supplied)."""
 

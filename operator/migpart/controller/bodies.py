@@ -1,4 +1,4 @@
-"""Plain API bodies as the kopf indexes hold them: the few readings every part of the
+"""Plain API bodies as the indexes hold them: the few readings every part of the
 controller makes of them."""
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The pure decisions of a round between the plan and the writes: which GPUs and nodes the
-plan changes, which of them to reconfigure now, and the spec each of them gets."""
+"""The pure decisions of a round between the plan and the writes that speak the MigNode API:
+the spec each chosen node gets, and the spec that replaces one its agent refused. Which GPUs
+and nodes a plan changes, and which to reconfigure now, are `planning.changes` (the simulator
+decides with them too)."""
 
 from __future__ import annotations
 
@@ -8,48 +10,7 @@ from collections.abc import Iterable
 from pydantic import ValidationError
 
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNode, MigNodeSpec
-from migpart.kube.snapshot import node_name, reconfiguring
-from migpart.planning.model import GpuPlan, Plan, Snapshot
-
-Geometry = frozenset[tuple[int, str]]  # (start, profile) of each instance of a GPU
-Changes = dict[tuple[str, int], tuple[Geometry, Geometry]]
-
-
-def layout_changes(snapshot: Snapshot, plan: Plan) -> Changes:
-    """(node, GPU index) -> (its instances now, planned) for every GPU the plan changes.
-
-    Plans cover every GPU of the policy (thousands at scale) and few of them change: plain
-    tuples and an early exit for empty GPUs keep this a small part of a round.
-    """
-    now = {(n.name, g.index): g.instances for n in snapshot.nodes for g in n.gpus if g.instances}
-    changes: Changes = {}
-    for g in plan.gpus:
-        have = now.get((g.node, g.index), ())
-        if not have and not g.instances:
-            continue
-        before = frozenset((i.start, i.profile) for i in have)
-        after = frozenset((i.start, i.profile) for i in g.instances)
-        if before != after:
-            changes[(g.node, g.index)] = (before, after)
-    return changes
-
-
-def changed_nodes(snapshot: Snapshot, plan: Plan) -> list[str]:
-    return sorted({node for node, _ in layout_changes(snapshot, plan)})
-
-
-def choose_nodes(
-    changed: list[str], nodes: Iterable[MigNode], plan: Plan, max_concurrent: int
-) -> list[str]:
-    """The changed nodes to reconfigure now: never one still reconfiguring, and at most
-    `max_concurrent` reconfiguring at once; nodes serving more requests go first."""
-    busy = {node_name(n) for n in nodes if reconfiguring(n)}
-    slots = max(0, max_concurrent - len(busy))
-    served: dict[str, int] = {}
-    for a in plan.assignments:
-        served[a.node] = served.get(a.node, 0) + 1
-    candidates = sorted((n for n in changed if n not in busy), key=lambda n: (-served.get(n, 0), n))
-    return candidates[:slots]
+from migpart.planning.model import GpuPlan
 
 
 def node_spec(plan_id: str, targets: Iterable[GpuPlan]) -> MigNodeSpec:

@@ -8,21 +8,20 @@ MigNode or a claim), `StaleSnapshot` (the slice publisher) and API errors. `GpuB
 `NvmlFailure` are the agent's: they never cross the API server, and the agent handles them
 itself. Any other `MigpartError` is temporary with the API delay.
 
-Two consumers: kopf handlers, through `kopf_errors()` (kopf retries the handler after the
-delay), and a policy's planning loop, through `survive`. The loop must not end on an expected
-error (the policy would silently stop being served until it changes or the loop restarts):
-`survive` runs one round, reports a failure and says how long to wait before the next one. A
-permanent failure is retried too, only later (`PERMANENT_RETRY_S`) or as soon as something the
-policy watches changes.
+The consumer is a policy's planning loop, through `survive`. No kopf handler goes through
+this module: the policy handler turns a `ValidationError` into `kopf.PermanentError` itself,
+and the slice and node-health handlers log a failed write and try again on their next event
+or tick. The loop must not end on an expected error (the policy would silently stop being
+served until it changes or the loop restarts): `survive` runs one round, reports a failure
+and says how long to wait before the next one. A permanent failure is retried too, only
+later (`PERMANENT_RETRY_S`) or as soon as something the policy watches changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.errors import InvalidInput, MigpartError, StaleSnapshot
@@ -54,23 +53,6 @@ def classify(error: MigpartError | ApiException) -> Failure:
     if isinstance(error, StaleSnapshot):
         return Failure(str(error), False, STALE_DELAY_S)
     return Failure(str(error), False, API_DELAY_S)
-
-
-def to_kopf(error: MigpartError | ApiException) -> kopf.PermanentError | kopf.TemporaryError:
-    """The kopf error that makes kopf retry a handler as `classify` says."""
-    failure = classify(error)
-    if failure.permanent:
-        return kopf.PermanentError(failure.message)
-    return kopf.TemporaryError(failure.message, delay=failure.retry_s)
-
-
-@contextmanager
-def kopf_errors() -> Iterator[None]:
-    """Run a handler body so that migpart and API errors leave it as kopf errors."""
-    try:
-        yield
-    except (MigpartError, ApiException) as error:
-        raise to_kopf(error) from error
 
 
 @dataclass(frozen=True, slots=True)

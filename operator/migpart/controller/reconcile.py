@@ -1,6 +1,7 @@
 """One planning round of one GpuPartitionPolicy: scope -> plan -> destroy protocol -> spec.
 
-A round reads the cluster from the kopf indexes (a `Cluster` value), never lists per event,
+A round reads the cluster from the operator's indexes, which its own watches fill
+(`controller.indexes`, turned into a `Cluster` value), never lists per event,
 and is level-triggered: it recomputes its decisions from what the cluster says now (through
 `scope.ScopeCache`, which redoes only what changed since the last round), and writes a
 MigNode spec only when the plan changes a GPU's layout, so running it twice changes nothing.
@@ -27,7 +28,7 @@ from migpart.api.models import (
 )
 from migpart.controller import screening
 from migpart.controller.bodies import uid_of
-from migpart.controller.decisions import choose_nodes, layout_changes, node_spec
+from migpart.controller.decisions import node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
@@ -35,9 +36,10 @@ from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, Pl
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import as_iso
 from migpart.kube.claims import body_key, claim_generation
-from migpart.kube.demand import aged_requests
-from migpart.kube.snapshot import SnapshotCache, node_name
+from migpart.kube.snapshot import SnapshotCache, node_name, reconfiguring
+from migpart.planning.changes import changed_nodes, choose_nodes, layout_changes
 from migpart.planning.model import GpuPlan, Plan, Snapshot
+from migpart.planning.overtime import aged_requests
 from migpart.planning.planner import plan as make_plan
 
 log = structlog.get_logger(__name__)
@@ -194,14 +196,13 @@ class PolicyRound:
         """Carry out `plan`: the nodes it changes, as many as may reconfigure at once, get
         their spec, each after the destroy protocol cleared what it drops."""
         changes = layout_changes(snapshot, plan)
-        changed = sorted({node for node, _ in changes})
+        changed = changed_nodes(changes)
         result = RoundResult(planned=True, plan=plan)
         satisfied = frozenset(a.request for a in plan.assignments)
         if not changed:
             return result, None
-        chosen = choose_nodes(
-            changed, scope.nodes, plan, policy.spec.reconfiguration.max_concurrent_nodes
-        )
+        busy = {node_name(n) for n in scope.nodes if reconfiguring(n)}
+        chosen = choose_nodes(changed, busy, plan, policy.spec.reconfiguration.max_concurrent_nodes)
         plan_id = uuid.uuid4().hex[:16]
         targets = [g for g in plan.gpus if g.node in chosen]
         created = sum(len(c[1] - c[0]) for (node, _), c in changes.items() if node in chosen)

@@ -13,7 +13,7 @@ shared by every policy's loop), holds:
 - each MigNode and policy parsed once per `resourceVersion`, with what scoping derives from a
   MigNode (its GPU models, its profile tables, the claims its agent reports prepared); profile
   tables are interned, one object per distinct table, so that the selector-verdict cache in
-  `kube.demand` and the planner's classes see the same key for every GPU of a model;
+  `kube.selectors` and the planner's classes see the same key for every GPU of a model;
 - the *world*: every policy's node set and the GPU models on it, the nodes' labels and taints,
   the DeviceClasses. Status updates of the agents (instances created, destroyed, prepared)
   leave it unchanged; a label, a policy or a new node changes it, and then every claim's
@@ -37,11 +37,12 @@ from pydantic import ValidationError
 from migpart.api.models import GpuPartitionPolicy, MigNode
 from migpart.controller import screening
 from migpart.controller.bodies import name_of, parse_policy, revision_of, strip, uid_of
-from migpart.kube import demand
-from migpart.kube.claims import body_key
+from migpart.kube.claims import body_key, pending_claims, prepared_claims
 from migpart.kube.placement import NodeFacts, NodeFilter, Placement
+from migpart.kube.selectors import CEL
 from migpart.kube.snapshot import node_name
 from migpart.mig import ModelTable
+from migpart.planning import demand
 from migpart.planning.model import Request
 
 log = structlog.get_logger(__name__)
@@ -209,10 +210,7 @@ class ScopeCache:
         models: set[str] = set()
         tables = {model: self._intern(table) for model, table in reported.items()}
         gpus = 0
-        prepared: set[str] = set()
         for gpu in node.status.gpus if node.status else []:
-            for inst in gpu.instances:
-                prepared.update(inst.claims)
             if not gpu.mig_enabled:
                 continue
             gpus += 1
@@ -222,7 +220,7 @@ class ScopeCache:
             models=tuple(sorted(models)),
             tables=tables,
             gpus=gpus,
-            prepared=frozenset(prepared),
+            prepared=prepared_claims(node),
         )
 
     def _intern(self, table: ModelTable) -> ModelTable:
@@ -402,6 +400,7 @@ class ScopeCache:
                 classes,
                 cut.tables,
                 policies[candidate].spec.policy_view(),
+                CEL,
                 policy_name=candidate,
                 priority=priority,
             )
@@ -429,10 +428,7 @@ class ScopeCache:
         pending = 0
         first_in_line = bool(self._order) and self._order[0] == policy_name
         pending_uids: list[str] = []
-        for key in sorted(cluster.waiting):
-            claim = cluster.claims.get(key)
-            if claim is None or key in allocated or (claim.get("status") or {}).get("allocation"):
-                continue
+        for key, claim in pending_claims(cluster.claims, cluster.waiting, allocated):
             pending_uids.append(uid_of(claim) or key)
             if not self._order:
                 continue
@@ -465,14 +461,3 @@ def _eligible(cut: _Cut, by_model: Mapping[str, tuple[str, ...]]) -> frozenset[s
     if len(kept) == len(cut.groups):
         return cut.names
     return frozenset().union(*kept)
-
-
-def scope_of(
-    policy_name: str,
-    cluster: Cluster,
-    allocated: frozenset[str] = frozenset(),
-    *,
-    cache: ScopeCache | None = None,
-) -> Scope | None:
-    """The scope of `policy_name` (see `ScopeCache.scope`); without a cache, from scratch."""
-    return (cache or ScopeCache()).scope(policy_name, cluster, allocated)

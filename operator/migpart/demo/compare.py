@@ -13,7 +13,7 @@ began; the simulator replays the same arrivals and run times from 0):
   written to a node): first-fit and static layouts have no plans to count.
 
 The simulator's migpart runs the run's policy: its batch window, `maxConcurrentNodes`, profile
-filter and spares (`policy_view`), ageing as the operator ages claims (`kube.demand.AGE_S`),
+filter and spares (`policy_view`), ageing as the operator ages claims (`planning.overtime.AGE_S`),
 and neither of the simulator's own options the operator lacks (spares from the recent mix,
 holding a node for a multi-GPU pod). Its actuation time per changed GPU is the
 agent's NVML calls for it at the run's simulated latency (`NVML_CALLS_PER_GPU`). The model has
@@ -33,9 +33,11 @@ from migpart.demo.cluster import DEVICE_CLASS
 from migpart.demo.replay import Stats, claim_templates, template_name
 from migpart.demo.run import DemoRun
 from migpart.demo.trace import TracePod
-from migpart.kube.demand import AGE_S, ClaimDemand, claim_demand
+from migpart.kube.selectors import CEL
 from migpart.mig import ModelTable
+from migpart.planning.demand import ClaimDemand, claim_demand
 from migpart.planning.model import PolicyView
+from migpart.planning.overtime import AGE_S
 from migpart.sim.engine import Engine
 from migpart.sim.run import SimConfig, empty_cluster, make_policy
 from migpart.sim.workload import SimPod, make_pod
@@ -76,7 +78,7 @@ def sim_pods(
     for pod in pods:
         template = templates[template_name(pod.profile, pod.count)]
         claim = {"metadata": {"name": pod.name}, "spec": template["spec"]["spec"]}
-        demand = claim_demand(claim, classes, {table.model: table}, policy)
+        demand = claim_demand(claim, classes, {table.model: table}, policy, CEL)
         if not isinstance(demand, ClaimDemand):
             raise ValueError(f"{pod.name}: its claim is not one migpart can serve ({demand})")
         request = demand.request

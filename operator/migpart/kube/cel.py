@@ -39,26 +39,12 @@ from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, CELSyntaxError, CELUnsupportedError, base_functions
 
 from migpart.dra import DRIVER
-from migpart.errors import InvalidInput
+from migpart.errors import InvalidInput, SelectorError
 from migpart.kube.cel_library import FUNCTIONS, Quantity, Semver
 from migpart.slice_content import slice_device
 
 if TYPE_CHECKING:
     from migpart.mig.profiles import ModelTable
-
-
-class SelectorError(InvalidInput):
-    """A CEL selector that does not compile, fails at run time, or yields no bool.
-
-    DRA treats a runtime error as "this device does not match" and aborts the allocation; the
-    operator reports it (an Event on the claim) instead of retrying.
-    """
-
-    def __init__(self, expression: str, message: str, *, runtime: bool = False) -> None:
-        super().__init__("cel", f"{expression!r}: {message}")
-        self.expression = expression
-        self.reason = message
-        self.runtime = runtime
 
 
 _MACROS = frozenset({"has", "all", "exists", "exists_one", "map", "filter"})

@@ -1,7 +1,10 @@
-"""Reading ResourceClaims and Pods: which claims are pending, which devices are allocated.
+"""Reading ResourceClaims and Pods: which claims are pending, prepared or allocated, and which
+devices are allocated.
 
-Pure functions over API bodies (plain dicts as the watch delivers them), so that the kopf
-indexes can store small values and the rules are unit-tested without an API server.
+Pure functions over API bodies (plain dicts as the watch delivers them) and parsed MigNodes,
+so that the indexes can store small values and the rules are unit-tested without an API
+server. Each state has this one definition, the one the operator's rounds use
+(`controller.scope.ScopeCache`, `controller.destroy`).
 
 A claim is pending when it is unallocated and a pod that uses it is waiting to be scheduled:
 not bound to a node, not gated, not being deleted (`pod_waiting`). A pod names its claims directly
@@ -11,11 +14,12 @@ the generated claim's name is in `status.resourceClaimStatuses[].resourceClaimNa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
+from migpart.api.models import MigNode
 from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION, DeviceId, allocated_ids
 
 Body = Mapping[str, Any]
@@ -31,18 +35,15 @@ def body_key(body: Body) -> str:
 
 
 def is_allocated(claim: Body) -> bool:
+    """The claim itself says it is allocated (`status.allocation`)."""
     return bool((claim.get("status") or {}).get("allocation"))
 
 
-def all_allocated(claims: Iterable[Body]) -> frozenset[DeviceId]:
-    """Our devices that any of `claims` holds."""
-    return frozenset(d for c in claims for d in allocated_ids(c))
-
-
 class AllocatedDevices:
-    """`all_allocated` over a claim index, kept across rounds: a claim's devices are parsed
-    again only when its body changed (by identity: an index keeps a claim's body object until
-    the claim changes), so a round costs the claims that changed, not all of them."""
+    """Our devices that the claims of a claim index hold, kept across rounds: a claim's
+    devices are parsed again only when its body changed (by identity: an index keeps a
+    claim's body object until the claim changes), so a round costs the claims that changed,
+    not all of them."""
 
     def __init__(self) -> None:
         self._claims: dict[str, tuple[Body, frozenset[DeviceId]]] = {}
@@ -95,37 +96,33 @@ def pod_waiting(pod: Body) -> bool:
 
 
 def pending_claims(
-    claims: Iterable[Body], waiting: frozenset[str], allocated: frozenset[str] = frozenset()
-) -> list[Body]:
-    """The unallocated claims that some waiting pod uses, sorted by key.
+    claims: Mapping[str, Body], waiting: Iterable[str], allocated: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, Body]]:
+    """(key, body) of every pending claim, by key: unallocated, and used by a waiting pod.
 
-    `waiting` holds the claim keys of waiting pods (see `pod_claim_keys`); `allocated`
-    the keys of claims known to be allocated from elsewhere than the claim itself, which the
-    claim watch may not show yet (see `prepared_claims`).
+    `waiting` holds the claim keys of waiting pods (see `pod_claim_keys`; a key the claim
+    index does not hold yet is skipped); `allocated` the keys of claims known to be allocated
+    from elsewhere than the claim itself, which the claim watch may not show yet (see
+    `prepared_claims`).
     """
-    chosen = [
-        c
-        for c in claims
-        if not is_allocated(c) and body_key(c) in waiting and body_key(c) not in allocated
-    ]
-    return sorted(chosen, key=body_key)
+    for key in sorted(waiting):
+        claim = claims.get(key)
+        if claim is None or key in allocated or is_allocated(claim):
+            continue
+        yield key, claim
 
 
-def prepared_claims(mignodes: Iterable[Body]) -> frozenset[str]:
-    """The claims ("namespace/name") that agents report prepared on an instance.
+def prepared_claims(node: MigNode) -> frozenset[str]:
+    """The claims ("namespace/name") that the node's agent reports prepared on an instance.
 
     kubelet prepares a claim only after kube-scheduler allocated it and bound its pod, so such
     a claim is allocated even while the claim and pod watches, which are separate streams
     from the MigNode watch, still show it unallocated and its pod waiting. Counting it
     as pending then would plan a second device for it.
     """
-    return frozenset(
-        str(claim)
-        for body in mignodes
-        for gpu in (body.get("status") or {}).get("gpus") or []
-        for instance in gpu.get("instances") or []
-        for claim in instance.get("claims") or []
-    )
+    if node.status is None:
+        return frozenset()
+    return frozenset(c for gpu in node.status.gpus for inst in gpu.instances for c in inst.claims)
 
 
 def claim_generation(claim: Body) -> int:

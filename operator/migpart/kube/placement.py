@@ -53,7 +53,8 @@ def pod_placement(pod: Body) -> dict[str, Any]:
     """The parts of a pod's spec that restrict its node, as plain data for an index, and its
     priority (`spec.priority`, set from its PriorityClass at admission), which becomes the
     priority of the planner requests of the claims it waits for, and when it was created
-    (`metadata.creationTimestamp`), from which those requests age (`kube.demand.aged_requests`)."""
+    (`metadata.creationTimestamp`), from which those requests age
+    (`planning.overtime.aged_requests`)."""
     spec = pod.get("spec") or {}
     affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
     required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}

@@ -80,22 +80,12 @@ def _assemble(
     return Snapshot(nodes=tuple(nodes), tables=tables)
 
 
-def build_snapshot(
-    nodes: Iterable[MigNode],
-    allocated: frozenset[DeviceId],
-    known_tables: Mapping[str, ModelTable] | None = None,
-) -> Snapshot:
-    """The planner's view of `nodes`; GPUs without MIG mode or nodes without status are left
-    out (nothing can be planned on them). `known_tables`: the models' profile tables as the
-    caller already built them from these nodes (else taken from each GPU's status)."""
-    return _assemble((node_state(n, allocated) for n in sorted(nodes, key=node_name)), known_tables)
-
-
 class SnapshotCache:
-    """`build_snapshot` for a node set planned again and again: a node's state is rebuilt only
-    when its MigNode (the parsed object, by identity: the operator parses each resourceVersion
-    once) or the allocated devices in its pool changed, so a plan costs what changed, not the
-    cluster. The snapshots are equal to `build_snapshot`'s."""
+    """The planner's view of a node set planned again and again. GPUs without MIG mode or
+    nodes without status are left out (nothing can be planned on them). A node's state is
+    rebuilt only when its MigNode (the parsed object, by identity: the operator parses each
+    resourceVersion once) or the allocated devices in its pool changed, so a plan costs what
+    changed, not the cluster; a fresh cache builds the same snapshots from scratch."""
 
     def __init__(self) -> None:
         self._nodes: dict[
@@ -109,6 +99,8 @@ class SnapshotCache:
         allocated: frozenset[DeviceId],
         known_tables: Mapping[str, ModelTable] | None = None,
     ) -> Snapshot:
+        """The snapshot of `nodes`. `known_tables`: the models' profile tables as the caller
+        already built them from these nodes (else taken from each GPU's status)."""
         by_pool: dict[str, set[DeviceId]] = {}
         for device in allocated:
             by_pool.setdefault(device.pool, set()).add(device)

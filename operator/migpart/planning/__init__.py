@@ -1,1 +1,3 @@
-"""Pure planning: demand, the planner and layout diffs. No I/O, no clock, no logging."""
+"""Pure planning: claim demand (`demand`, `candidates`), the planner (`planner`) and the layout
+changes a plan makes (`changes`: which GPUs and nodes, and which nodes to reconfigure now).
+No I/O, no clock, no logging."""

@@ -19,7 +19,6 @@ DESTROYED = 4 * FIELD
 CHANGED = 3 * FIELD
 CREATED = 2 * FIELD
 RANK = FIELD
-_LOW = (1 << FIELD) - 1
 
 
 def cost_of(destroyed: int, changed: int, created: int, rank: int, lost: int) -> int:
@@ -29,17 +28,6 @@ def cost_of(destroyed: int, changed: int, created: int, rank: int, lost: int) ->
         | (created << CREATED)
         | (rank << RANK)
         | lost
-    )
-
-
-def cost_fields(cost: int) -> tuple[int, int, int, int, int]:
-    """(destroyed, changed, created, rank, lost) of a cost."""
-    return (
-        cost >> DESTROYED,
-        (cost >> CHANGED) & _LOW,
-        (cost >> CREATED) & _LOW,
-        (cost >> RANK) & _LOW,
-        cost & _LOW,
     )
 
 

@@ -5,12 +5,14 @@ ages and the demand mix seen so far.
 (`migpart simulate`), that alone loses to first-fit dynamic MIG: an instance freed by a
 departing whole-GPU pod is handed at once to the next whole-GPU pod, so a small request that
 has waited longer is overtaken again and again. These pure functions carry the round-to-round
-part; the caller passes the clock's readings in (the operator ages its requests with `aged`,
-`kube.demand.aged_requests`; the simulator's migpart policy uses them all).
+part; the caller passes the clock's readings in (the operator ages its requests with
+`aged_requests`; the simulator's migpart policy uses them all).
 
 - `aged`: within one priority, a request ranks by how long it has waited, in `AGE_LEVELS`
   levels that double in length from `age_s` on (never above a higher priority), so the
   planner serves the oldest first and may repartition free instances for them.
+- `aged_requests`: `aged` over the operator's claims, each as old as its oldest waiting pod
+  (`AGE_S` by default).
 - `withdraw_on_release`: an instance freed while a request that cannot use it has waited
   `age_s` longer than any it could serve is withdrawn (destroyed) instead of being handed to
   the younger one, and the next round repartitions the space for the older.
@@ -28,11 +30,16 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
 
 from migpart.planning.model import Request, Snapshot, Spare
 
 AGE_LEVELS = 8
 AGE_STEPS = 1
+# A request whose oldest waiting pod was created this long ago ranks above the younger
+# requests of its priority (`aged_requests`); the simulator's default too.
+AGE_S = 1200.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,3 +171,36 @@ def kept_off(requests: Iterable[Request], hold: Hold, names: Iterable[str]) -> l
                 r = replace(r, nodes=nodes)
         out.append(r)
     return out
+
+
+def aged_requests(
+    requests: Iterable[Request],
+    waiting: Mapping[str, Iterable[Mapping[str, Any]]],
+    now: datetime,
+    age_s: float = AGE_S,
+) -> list[Request]:
+    """The requests with their priorities spread by age (`aged`), so that within one
+    priority the planner serves the claims that waited longest first.
+
+    A request's age is that of the oldest waiting pod using its claim (`waiting`: claim key ->
+    the pods' placements (`kube.placement`), whose `created` is the pod's creationTimestamp,
+    RFC 3339); a pod without a readable timestamp counts as just created.
+    """
+    requests = list(requests)
+    waited: dict[str, float] = {}
+    for r in requests:
+        created = [_timestamp(p.get("created")) for p in waiting.get(r.name, ())]
+        known = [c for c in created if c is not None]
+        if known:
+            waited[r.name] = max(0.0, (now - min(known)).total_seconds())
+    return aged(requests, waited, age_s)
+
+
+def _timestamp(raw: object) -> datetime | None:
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None

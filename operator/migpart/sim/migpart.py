@@ -5,7 +5,8 @@ A round gathers the pending pods `batch_window_s` after the first one the schedu
 place, writes the snapshot JSON of the `migpart plan` contract (nodes that are being
 reconfigured are left out, as the operator leaves them alone until their agent reports),
 parses it with the contract's parser, plans, and reads the plan JSON back. At most
-`max_concurrent_nodes` nodes reconfigure at once, the nodes serving the most requests first;
+`max_concurrent_nodes` nodes reconfigure at once, the nodes serving the most requests first
+(`planning.changes`, the operator's own choice);
 each changed GPU takes `actuation_s`, one after another on a node. A pod assigned to instances
 being created is bound to them (the operator's planned device) and starts when they are ready;
 free instances of a target layout (spares) are published as they become ready.
@@ -31,6 +32,7 @@ from typing import Any
 
 from migpart.errors import InvalidInput
 from migpart.mig import Instance, Profile
+from migpart.planning.changes import Changes, choose_nodes, layout_changes
 from migpart.planning.codec import Parsers, encode_plan, parse_input
 from migpart.planning.model import PolicyView, Request
 from migpart.planning.overtime import (
@@ -126,10 +128,18 @@ class Migpart:
             )
             if self._hold is not None:
                 planned = kept_off(planned, self._hold, cluster.names)
-        result = encode_plan(plan(parsed.snapshot, planned, policy), 0.0)
+        planned_plan = plan(parsed.snapshot, planned, policy)
+        result = encode_plan(planned_plan, 0.0)
         engine.add_planner_cpu(self.cpu_clock() - started)
         self.rounds += 1
-        self._apply(engine, result, room)
+        changes = layout_changes(parsed.snapshot, planned_plan)
+        chosen = choose_nodes(
+            _in_node_order(changes, cluster.names),
+            [cluster.names[n] for n in busy],
+            planned_plan,
+            self.max_concurrent_nodes,
+        )
+        self._apply(engine, changes, chosen, result)
         held = self._held(engine)
         if held is not None:
             for gpu in cluster.gpus[held]:
@@ -158,21 +168,19 @@ class Migpart:
             return None
         return engine.cluster.names.index(hold.node)
 
-    def _apply(self, engine: Engine, result: dict[str, Any], room: int) -> None:
+    def _apply(
+        self, engine: Engine, changes: Changes, chosen: list[str], result: dict[str, Any]
+    ) -> None:
+        """Reconfigure the `chosen` nodes, one changed GPU after another, and bind the pods
+        that the plan (its JSON) assigns to nodes left as they are or reconfigured now."""
         cluster = engine.cluster
         node_of = {name: n for n, name in enumerate(cluster.names)}
-        changes: dict[int, list[tuple[int, set[Instance]]]] = {}
-        for gpu in result["gpus"]:
-            node = node_of[gpu["node"]]
-            target = {Instance(i["profile"], i["start"]) for i in gpu["instances"]}
-            if target != set(cluster.gpus[node][gpu["index"]].instances):
-                changes.setdefault(node, []).append((gpu["index"], target))
-        served: dict[int, int] = {}
-        for a in result["assignments"]:
-            served[node_of[a["node"]]] = served.get(node_of[a["node"]], 0) + 1
-        chosen = sorted(changes, key=lambda n: (-served.get(n, 0), n))[:room]
-        for node in chosen:
-            steps = sorted(changes[node])
+        steps_of: dict[int, list[tuple[int, set[Instance]]]] = {}
+        for (name, index), (_, after) in changes.items():
+            target = {Instance(profile, start) for start, profile in after}
+            steps_of.setdefault(node_of[name], []).append((index, target))
+        for node in (node_of[name] for name in chosen):
+            steps = sorted(steps_of[node])
             for k, (index, target) in enumerate(steps):
                 current = cluster.gpus[node][index].instances
                 for inst in [i for i in current if i not in target]:
@@ -184,16 +192,23 @@ class Migpart:
             self._busy_until[node] = done_s
             # A node done reconfiguring can take the next round's changes.
             engine.at(done_s, lambda: self._node_done(engine))
-        applied = set(chosen)
+        applied = {node_of[name] for name in chosen}
         for a in result["assignments"]:
             node = node_of[a["node"]]
-            if node in changes and node not in applied:
+            if node in steps_of and node not in applied:
                 continue
             pod = engine.pending.get(a["request"])
             if pod is None:
                 continue
             devices = [(node, d["gpu"], Instance(d["profile"], d["start"])) for d in a["devices"]]
             engine.bind(pod, devices)
+
+
+def _in_node_order(changes: Changes, names: Sequence[str]) -> list[str]:
+    """The changed nodes in the cluster's node order (the order `choose_nodes` breaks ties
+    in: node-2 before node-10)."""
+    changed = {name for name, _ in changes}
+    return [name for name in names if name in changed]
 
 
 def _no_table(raw: object) -> Profile:

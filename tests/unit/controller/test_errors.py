@@ -1,11 +1,9 @@
-"""A policy round's failure becomes an Outcome: the planning loop survives every error; kopf
-handlers get the same decision as kopf errors."""
+"""A policy round's failure becomes an Outcome: the planning loop survives every error."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import kopf
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -14,7 +12,6 @@ from migpart.controller.errors import (
     PERMANENT_RETRY_S,
     STALE_DELAY_S,
     Outcome,
-    kopf_errors,
     survive,
 )
 from migpart.errors import InvalidInput, MigpartError, StaleSnapshot
@@ -72,12 +69,3 @@ async def test_a_long_tick_is_never_shortened_by_a_quick_retry() -> None:
 async def test_other_exceptions_are_bugs_and_propagate() -> None:
     with pytest.raises(ZeroDivisionError):
         await survive(failing(ZeroDivisionError("bug")), 1.0)
-
-
-def test_kopf_handlers_get_the_same_decision() -> None:
-    with pytest.raises(kopf.TemporaryError) as temporary, kopf_errors():
-        raise StaleSnapshot("moved")
-    assert (str(temporary.value), temporary.value.delay) == ("moved", STALE_DELAY_S)
-    with pytest.raises(kopf.PermanentError) as permanent, kopf_errors():
-        raise ApiException(status=403, reason="Forbidden")
-    assert str(permanent.value) == "API server refused: 403 Forbidden"

@@ -8,7 +8,6 @@ import pytest
 
 from migpart.api.models import MigNode
 from migpart.clock import ManualClock
-from migpart.controller.decisions import changed_nodes, choose_nodes
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
 from migpart.controller.indexes import with_own_writes
@@ -16,9 +15,8 @@ from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.kube.placement import NodeFacts
-from migpart.kube.snapshot import build_snapshot
-from migpart.mig import Instance
-from migpart.planning.model import GpuPlan, Plan, PlanStats
+from migpart.kube.snapshot import reconfiguring
+from migpart.planning.model import Plan
 from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy
 from tests.unit.kube.factories import gpu
 
@@ -153,22 +151,11 @@ async def test_a_redo_does_not_give_a_node_of_this_round_a_second_spec() -> None
     assert [node for node, _ in effects.specs].count("b") == 0
 
 
-def test_choose_nodes_skips_nodes_still_reconfiguring_and_respects_the_limit() -> None:
+def test_a_node_whose_agent_has_not_carried_out_its_plan_is_reconfiguring() -> None:
+    """Such a node is busy: `choose_nodes` gives it no new spec (see test_changes.py)."""
     busy = MigNode.model_validate({**one_gpu("busy", 1), "spec": {"planId": "p1", "gpus": []}})
-    idle = [MigNode.model_validate(one_gpu(n, 2)) for n in ("x", "y", "z")]
-    plan = Plan(gpus=(), assignments=(), unsatisfied=(), stats=PlanStats())
-    assert choose_nodes(["busy", "x", "y", "z"], [busy, *idle], plan, 3) == ["x", "y"]
-    assert choose_nodes(["x", "y"], idle, plan, 1) == ["x"]
-
-
-def test_changed_nodes_are_those_whose_layout_the_plan_changes() -> None:
-    nodes = [MigNode.model_validate(one_gpu("a", 1, ("1g.10gb", 0, "Free")))]
-    nodes.append(MigNode.model_validate(one_gpu("b", 1)))
-    snapshot = build_snapshot(nodes, frozenset())
-    same = GpuPlan("a", 0, (Instance("1g.10gb", 0),))
-    new = GpuPlan("b", 0, (Instance("7g.80gb", 0),))
-    plan = Plan(gpus=(same, new), assignments=(), unsatisfied=(), stats=PlanStats())
-    assert changed_nodes(snapshot, plan) == ["b"]
+    assert reconfiguring(busy)
+    assert not reconfiguring(MigNode.model_validate(one_gpu("x", 2)))
 
 
 def test_our_own_write_stands_in_until_the_watch_shows_it() -> None:

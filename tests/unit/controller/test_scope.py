@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from migpart.api.models import MigInstanceStatus, MigNode, MigNodeStatus
-from migpart.controller.scope import Cluster, ScopeCache, scope_of
+from migpart.controller.scope import Cluster, ScopeCache
 from migpart.kube.placement import NodeFacts
 from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy
 from tests.unit.kube.factories import gpu
@@ -108,7 +108,7 @@ def test_the_cached_scope_is_the_scope_from_scratch() -> None:
     ]
     for world in worlds:
         for name in ("pa", "pb"):
-            assert cache.scope(name, world) == scope_of(name, world)
+            assert cache.scope(name, world) == ScopeCache().scope(name, world)
 
 
 def test_pod_priority_becomes_the_request_priority() -> None:

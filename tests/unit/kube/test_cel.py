@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from migpart.errors import SelectorError
 from migpart.kube.cel import (
     Device,
-    SelectorError,
     compile_selector,
     device_from_slice,
     evaluate,

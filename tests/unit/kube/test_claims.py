@@ -7,17 +7,16 @@ from typing import Any, cast
 
 import yaml
 
-from migpart.api.models import MigInstanceStatus, MigNodeStatus
+from migpart.api.models import MigInstanceStatus, MigNode, MigNodeStatus
 from migpart.clock import ManualClock
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
-from migpart.controller.scope import Cluster, scope_of
+from migpart.controller.scope import Cluster, ScopeCache
 from migpart.controller.state import FRESH_S, OperatorState, Sighting
 from migpart.dra import DRIVER, DeviceId, allocated_ids
 from migpart.kube.claims import (
     AllocatedDevices,
-    all_allocated,
     pending_claims,
     pod_claim_keys,
     pod_waiting,
@@ -94,11 +93,14 @@ def prepared(profile: str, start: int, *claims: str) -> MigInstanceStatus:
 
 
 def test_a_claim_is_pending_when_unallocated_and_a_pod_waits_for_it() -> None:
-    claims = [claim("waited"), claim("nobody-waits"), claim("done", allocated_to="gpu-0-3g40gb-0")]
-    waiting = frozenset({"team-a/waited", "team-a/done"})
-    assert [c["metadata"]["name"] for c in pending_claims(claims, waiting)] == ["waited"]
+    claims = {
+        f"team-a/{c['metadata']['name']}": c
+        for c in (claim("waited"), claim("nobody-waits"), claim("done", allocated_to="x"))
+    }
+    waiting = ["team-a/waited", "team-a/done", "team-a/not-indexed-yet"]
+    assert [key for key, _ in pending_claims(claims, waiting)] == ["team-a/waited"]
     # known allocated from elsewhere: not pending, whatever the claim itself says yet
-    assert pending_claims(claims, waiting, frozenset({"team-a/waited"})) == []
+    assert list(pending_claims(claims, waiting, frozenset({"team-a/waited"}))) == []
 
 
 def test_only_our_drivers_devices_count_as_allocated() -> None:
@@ -108,13 +110,14 @@ def test_only_our_drivers_devices_count_as_allocated() -> None:
     assert allocated_ids(claim("c")) == frozenset()
 
 
-def test_prepared_claims_come_from_every_nodes_instances() -> None:
-    nodes = [
-        mignode("n1", [prepared("3g.40gb", 0, "team-a/x"), prepared("3g.40gb", 4)]),
-        mignode("n2", [prepared("1g.10gb", 0, "team-a/y", "team-b/z")]),
-        {"metadata": {"name": "n3"}},  # no status yet
-    ]
-    assert prepared_claims(nodes) == {"team-a/x", "team-a/y", "team-b/z"}
+def test_prepared_claims_come_from_every_instance_of_the_node() -> None:
+    node = mignode(
+        "n1",
+        [prepared("3g.40gb", 0, "team-a/x"), prepared("3g.40gb", 4, "team-a/y", "team-b/z")],
+    )
+    assert prepared_claims(MigNode.model_validate(node)) == {"team-a/x", "team-a/y", "team-b/z"}
+    no_status = {"apiVersion": "migpart.io/v1alpha1", "kind": "MigNode", "metadata": {"name": "n3"}}
+    assert prepared_claims(MigNode.model_validate(no_status)) == frozenset()
 
 
 def test_pod_claim_keys_and_waiting() -> None:
@@ -170,11 +173,11 @@ def test_a_claim_prepared_on_a_node_is_not_planned_again_while_the_watches_lag()
     the planner would cut a second device for it (the first one is in use)."""
     lagging = [claim("served"), claim("new")]
     node = mignode("n1", [prepared("3g.40gb", 0, "team-a/served")])
-    scope = scope_of("p", cluster_with(node, lagging))
+    scope = ScopeCache().scope("p", cluster_with(node, lagging))
     assert scope is not None
     assert [r.name.split("/")[1] for r in scope.demand.requests] == ["new"]
     # and a claim the destroy protocol's quorum read saw allocated, likewise
-    scope = scope_of("p", cluster_with(node, lagging), frozenset({"team-a/new"}))
+    scope = ScopeCache().scope("p", cluster_with(node, lagging), frozenset({"team-a/new"}))
     assert scope is not None
     assert scope.demand.requests == ()
 
@@ -220,9 +223,9 @@ def test_allocated_devices_follow_the_claim_index_as_it_changes() -> None:
     claims: dict[str, Any] = {"team-a/x": claim("x"), "team-a/y": claim("y")}
     assert index.of(claims) == frozenset()
     claims["team-a/x"] = claim("x", allocated_to="gpu-0-3g40gb-0")
-    assert index.of(claims) == all_allocated(claims.values()) == {DeviceId("n1", "gpu-0-3g40gb-0")}
+    assert index.of(claims) == {DeviceId("n1", "gpu-0-3g40gb-0")}
     claims["team-a/y"] = claim("y", allocated_to="gpu-0-3g40gb-4")
-    assert index.of(claims) == all_allocated(claims.values())
+    assert index.of(claims) == {DeviceId("n1", "gpu-0-3g40gb-0"), DeviceId("n1", "gpu-0-3g40gb-4")}
     del claims["team-a/x"]
     assert index.of(claims) == {DeviceId("n1", "gpu-0-3g40gb-4")}
     claims["team-a/y"] = claim("y")  # deallocated

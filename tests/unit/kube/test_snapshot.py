@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNode, MigNodeSpec, MigNodeStatus
 from migpart.dra import DeviceId
-from migpart.kube.snapshot import SnapshotCache, build_snapshot
+from migpart.kube.snapshot import SnapshotCache
 from tests.unit.kube.factories import gpu
 
 
@@ -24,7 +24,7 @@ def node(
     )
 
 
-def test_the_cache_builds_what_build_snapshot_builds_as_nodes_and_allocations_change() -> None:
+def test_the_cache_builds_what_a_fresh_cache_builds_as_nodes_and_allocations_change() -> None:
     a = node("a", (0, (("3g.40gb", 0, "Free"), ("3g.40gb", 4, "Busy"))), (1, ()))
     b = node("b", (0, (("1g.10gb", 0, "Free"),)))
     cache = SnapshotCache()
@@ -36,7 +36,7 @@ def test_the_cache_builds_what_build_snapshot_builds_as_nodes_and_allocations_ch
         ([a], frozenset({DeviceId.of("a", 0, "3g.40gb", 0)})),  # b gone, a's instance allocated
     ]
     for nodes, allocated in steps:
-        assert cache.build(nodes, allocated) == build_snapshot(nodes, allocated)
+        assert cache.build(nodes, allocated) == SnapshotCache().build(nodes, allocated)
 
 
 def test_a_node_is_rebuilt_only_when_its_object_or_its_allocations_change() -> None:

@@ -1,4 +1,5 @@
-"""Pending ResourceClaims become planner Requests (or a reason why not), with real CEL."""
+"""Pending ResourceClaims become planner Requests (or a reason why not), with real CEL
+(`kube.selectors.CEL`)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,12 @@ import pytest
 import yaml
 
 from migpart.dra import DEVICE_CLASS
-from migpart.kube.demand import (
-    AGE_S,
-    ClaimDemand,
-    Unsatisfiable,
-    aged_requests,
-    claim_demand,
-    class_selectors,
-    is_ours,
-)
+from migpart.kube.selectors import CEL
 from migpart.mig import CATALOG
+from migpart.planning.candidates import class_selectors, is_ours
+from migpart.planning.demand import ClaimDemand, Unsatisfiable, claim_demand
 from migpart.planning.model import PolicyView, Request
+from migpart.planning.overtime import AGE_S, aged_requests
 
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
@@ -108,7 +104,7 @@ def _refused(result: ClaimDemand | Unsatisfiable | None) -> Unsatisfiable:
 def test_exactly_requests(
     request_body: dict[str, Any], profiles: tuple[str, ...], count: int
 ) -> None:
-    got = _wanted(claim_demand(_claim(request_body), CLASSES, TABLES, ANY, priority=5))
+    got = _wanted(claim_demand(_claim(request_body), CLASSES, TABLES, ANY, CEL, priority=5))
     assert got.request == Request(name="team-a/c1", profiles=profiles, count=count, priority=5)
     assert got.claim == "team-a/c1"
     assert not got.same_gpu
@@ -116,7 +112,7 @@ def test_exactly_requests(
 
 def test_impossible_request_says_why() -> None:
     claim = _claim(_req(selectors=[f'{CAP}.memory.compareTo(quantity("100Gi")) >= 0']))
-    got = _refused(claim_demand(claim, CLASSES, TABLES, ANY, policy_name="inference-pool"))
+    got = _refused(claim_demand(claim, CLASSES, TABLES, ANY, CEL, policy_name="inference-pool"))
     assert got.reason == (
         "request gpu: no MIG profile of NVIDIA H100 80GB HBM3 allowed by policy inference-pool"
         ' satisfies device.capacity["mig.migpart.io"].memory.compareTo(quantity("100Gi")) >= 0'
@@ -127,34 +123,36 @@ def test_impossible_request_says_why() -> None:
 def test_policy_filters_candidates_and_says_which_it_forbids() -> None:
     policy = PolicyView(allowed=frozenset({"1g.10gb", "2g.20gb", "3g.40gb"}))
     claim = _claim(_req(selectors=[f'{CAP}.memory.compareTo(quantity("20Gi")) >= 0']))
-    assert _wanted(claim_demand(claim, CLASSES, TABLES, policy)).request.profiles == ("3g.40gb",)
+    assert _wanted(claim_demand(claim, CLASSES, TABLES, policy, CEL)).request.profiles == (
+        "3g.40gb",
+    )
     denied = PolicyView(denied=frozenset({"3g.40gb", "4g.40gb", "7g.80gb"}))
-    got = _refused(claim_demand(claim, CLASSES, TABLES, denied, policy_name="p"))
+    got = _refused(claim_demand(claim, CLASSES, TABLES, denied, CEL, policy_name="p"))
     assert "3g.40gb, 4g.40gb, 7g.80gb would, but policy p does not allow it" in got.reason
 
 
 @pytest.mark.parametrize("cls", ["gpu.nvidia.com", "nvidia-mig", "no-such-class"])
 def test_other_drivers_classes_are_ignored(cls: str) -> None:
-    assert claim_demand(_claim(_req(cls=cls)), CLASSES, TABLES, ANY) is None
+    assert claim_demand(_claim(_req(cls=cls)), CLASSES, TABLES, ANY, CEL) is None
 
 
 def test_only_our_requests_of_a_mixed_claim_count() -> None:
     claim = _claim(
         _req("nic", cls="gpu.nvidia.com"), _req("mig", selectors=[f'{ATTR}.profile == "7g.80gb"'])
     )
-    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY))
+    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY, CEL))
     assert got.request.profiles == ("7g.80gb",)
     assert got.request.count == 1
 
 
 def test_allocated_claims_and_admin_access_need_nothing() -> None:
     allocated = _claim(_req()) | {"status": {"allocation": {"devices": {"results": []}}}}
-    assert claim_demand(allocated, CLASSES, TABLES, ANY) is None
-    assert claim_demand(_claim(_req(adminAccess=True)), CLASSES, TABLES, ANY) is None
+    assert claim_demand(allocated, CLASSES, TABLES, ANY, CEL) is None
+    assert claim_demand(_claim(_req(adminAccess=True)), CLASSES, TABLES, ANY, CEL) is None
 
 
 def test_allocation_mode_all_is_unsatisfiable() -> None:
-    got = _refused(claim_demand(_claim(_req(allocationMode="All")), CLASSES, TABLES, ANY))
+    got = _refused(claim_demand(_claim(_req(allocationMode="All")), CLASSES, TABLES, ANY, CEL))
     assert "allocationMode All" in got.reason
 
 
@@ -171,7 +169,7 @@ def test_first_available_gives_the_preference_order() -> None:
     claim = _claim(
         {"name": "gpu", "firstAvailable": [_alt("big", "3g.40gb"), _alt("small", "1g.10gb")]}
     )
-    assert _wanted(claim_demand(claim, CLASSES, TABLES, ANY)).request.profiles == (
+    assert _wanted(claim_demand(claim, CLASSES, TABLES, ANY, CEL)).request.profiles == (
         "3g.40gb",
         "1g.10gb",
     )
@@ -185,9 +183,9 @@ def test_first_available_skips_impossible_and_foreign_alternatives() -> None:
             "firstAvailable": [foreign, _alt("huge", "8g.96gb"), _alt("small", "1g.10gb")],
         }
     )
-    assert _wanted(claim_demand(claim, CLASSES, TABLES, ANY)).request.profiles == ("1g.10gb",)
+    assert _wanted(claim_demand(claim, CLASSES, TABLES, ANY, CEL)).request.profiles == ("1g.10gb",)
     hopeless = _claim({"name": "gpu", "firstAvailable": [_alt("huge", "8g.96gb")]})
-    assert "request gpu/huge" in _refused(claim_demand(hopeless, CLASSES, TABLES, ANY)).reason
+    assert "request gpu/huge" in _refused(claim_demand(hopeless, CLASSES, TABLES, ANY, CEL)).reason
 
 
 def test_first_available_with_counts_keeps_alternatives_apart() -> None:
@@ -197,7 +195,7 @@ def test_first_available_with_counts_keeps_alternatives_apart() -> None:
             "firstAvailable": [_alt("pair", "1g.10gb", 2), _alt("one", "2g.20gb", 2)],
         }
     )
-    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY))
+    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY, CEL))
     assert (got.request.profiles, got.request.count) == (("1g.10gb",), 2)
 
 
@@ -206,7 +204,7 @@ def test_several_requests_share_common_profiles() -> None:
         _req("a", selectors=[f'{CAP}.memory.compareTo(quantity("20Gi")) >= 0']),
         _req("b", selectors=[f"{CAP}.computeSlices.asInteger() <= 4"], count=2),
     )
-    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY))
+    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY, CEL))
     assert (got.request.profiles, got.request.count) == (("3g.40gb", "4g.40gb"), 3)
 
 
@@ -215,7 +213,7 @@ def test_several_requests_without_common_profile_are_refused() -> None:
         _req("a", selectors=[f'{ATTR}.profile == "1g.10gb"']),
         _req("b", selectors=[f'{ATTR}.profile == "3g.40gb"']),
     )
-    got = _refused(claim_demand(claim, CLASSES, TABLES, ANY))
+    got = _refused(claim_demand(claim, CLASSES, TABLES, ANY, CEL))
     assert "requests a, b accept no common MIG profile" in got.reason
 
 
@@ -225,7 +223,7 @@ def test_match_attribute_on_the_gpu_means_same_gpu(attribute: str) -> None:
         _req(selectors=[f"{CAP}.memorySlices.asInteger() <= 4"], count=2),
         constraints=[{"matchAttribute": attribute}],
     )
-    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY))
+    got = _wanted(claim_demand(claim, CLASSES, TABLES, ANY, CEL))
     assert got.same_gpu
     assert got.request.same_gpu  # the planner sees it and keeps the devices on one GPU
     # 4g.40gb cannot exist twice on one GPU; the others can.
@@ -238,7 +236,9 @@ def test_too_many_for_one_gpu() -> None:
         _req(selectors=[f'{ATTR}.profile == "3g.40gb"'], count=3),
         constraints=[{"matchAttribute": "mig.migpart.io/parentUUID"}],
     )
-    assert "do not fit on one GPU" in _refused(claim_demand(claim, CLASSES, TABLES, ANY)).reason
+    assert (
+        "do not fit on one GPU" in _refused(claim_demand(claim, CLASSES, TABLES, ANY, CEL)).reason
+    )
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ def test_other_constraints(attribute: str, outcome: tuple[str, ...] | str) -> No
         _req(selectors=[f"{CAP}.memorySlices.asInteger() <= 2"], count=2),
         constraints=[{"matchAttribute": attribute}],
     )
-    got = claim_demand(claim, CLASSES, TABLES, ANY)
+    got = claim_demand(claim, CLASSES, TABLES, ANY, CEL)
     if isinstance(outcome, str):
         assert outcome in _refused(got).reason
     else:
@@ -265,12 +265,12 @@ def test_other_constraints(attribute: str, outcome: tuple[str, ...] | str) -> No
 
 def test_selector_errors_are_reported_with_the_error() -> None:
     broken = _claim(_req(selectors=[f"{ATTR}.nope == 1"]))
-    got = _refused(claim_demand(broken, CLASSES, TABLES, ANY))
+    got = _refused(claim_demand(broken, CLASSES, TABLES, ANY, CEL))
     assert got.error is not None
     assert got.error.runtime
     assert "selector failed: no such member" in got.reason
     malformed = _claim(_req(selectors=[f"{ATTR}.profile =="]))
-    got = _refused(claim_demand(malformed, CLASSES, TABLES, ANY))
+    got = _refused(claim_demand(malformed, CLASSES, TABLES, ANY, CEL))
     assert got.error is not None
     assert not got.error.runtime
     assert "syntax error" in got.reason
@@ -284,6 +284,7 @@ def test_candidates_per_model_and_eligible_nodes() -> None:
             CLASSES,
             BOTH,
             PolicyView(allowed=frozenset({"1g.18gb", "1g.10gb"})),
+            CEL,
             node_models={"h100-node": [H100], "h200-node": [H200], "mixed": [H100, H200]},
         )
     )
@@ -293,29 +294,29 @@ def test_candidates_per_model_and_eligible_nodes() -> None:
 
 
 def test_no_known_model() -> None:
-    got = _refused(claim_demand(_claim(_req()), CLASSES, {}, ANY))
+    got = _refused(claim_demand(_claim(_req()), CLASSES, {}, ANY, CEL))
     assert "no MIG GPU model is known" in got.reason
 
 
 def test_class_ownership() -> None:
-    assert is_ours(CLASSES["mig.migpart.io"], TABLES)
-    assert is_ours(CLASSES["mig-large"], TABLES)
-    assert is_ours(_class(), TABLES)
-    assert not is_ours(CLASSES["gpu.nvidia.com"], TABLES)
-    assert not is_ours(CLASSES["nvidia-mig"], TABLES)
-    assert is_ours(CLASSES["mig.migpart.io"], {})
+    assert is_ours(CLASSES["mig.migpart.io"], TABLES, CEL)
+    assert is_ours(CLASSES["mig-large"], TABLES, CEL)
+    assert is_ours(_class(), TABLES, CEL)
+    assert not is_ours(CLASSES["gpu.nvidia.com"], TABLES, CEL)
+    assert not is_ours(CLASSES["nvidia-mig"], TABLES, CEL)
+    assert is_ours(CLASSES["mig.migpart.io"], {}, CEL)
     assert class_selectors(CLASSES["mig-large"])[1].endswith(">= 3")
 
 
 def test_a_claim_is_wanted_hopeless_or_not_ours() -> None:
     nodes = frozenset({"n1"})
     ok = _claim(_req(selectors=[f'{ATTR}.profile == "1g.10gb"']))
-    wanted = _wanted(claim_demand(ok, CLASSES, TABLES, ANY, nodes=nodes))
+    wanted = _wanted(claim_demand(ok, CLASSES, TABLES, ANY, CEL, nodes=nodes))
     assert (wanted.request.name, wanted.request.nodes) == ("team-a/c1", nodes)
     bad = _claim(_req(allocationMode="All"))
-    assert "allocationMode All" in _refused(claim_demand(bad, CLASSES, TABLES, ANY)).reason
+    assert "allocationMode All" in _refused(claim_demand(bad, CLASSES, TABLES, ANY, CEL)).reason
     foreign = _claim(_req(cls="gpu.nvidia.com"))
-    assert claim_demand(foreign, CLASSES, TABLES, ANY, nodes=nodes) is None
+    assert claim_demand(foreign, CLASSES, TABLES, ANY, CEL, nodes=nodes) is None
 
 
 def test_deviceclass_manifest_is_ours() -> None:
@@ -324,8 +325,10 @@ def test_deviceclass_manifest_is_ours() -> None:
     )
     assert body["apiVersion"] == "resource.k8s.io/v1"
     assert body["metadata"]["name"] == DEVICE_CLASS
-    assert is_ours(body, TABLES)
-    assert not is_ours(body | {"spec": {"selectors": [{"cel": {"expression": "false"}}]}}, TABLES)
+    assert is_ours(body, TABLES, CEL)
+    assert not is_ours(
+        body | {"spec": {"selectors": [{"cel": {"expression": "false"}}]}}, TABLES, CEL
+    )
 
 
 @pytest.mark.parametrize(
@@ -366,14 +369,14 @@ def test_deviceclass_manifest_is_ours() -> None:
 def test_a_bad_claim_says_why_migpart_cannot_serve_it(
     request_: dict[str, Any], words: list[str]
 ) -> None:
-    got = _refused(claim_demand(_claim(request_), CLASSES, TABLES, ANY))
+    got = _refused(claim_demand(_claim(request_), CLASSES, TABLES, ANY, CEL))
     for w in words:
         assert w in got.reason, got.reason
 
 
 def test_a_claim_of_another_drivers_class_is_left_to_that_driver() -> None:
     """No event either: it is not migpart's claim (the other driver serves or reports it)."""
-    assert claim_demand(_claim(_req(cls="gpu.nvidia.com")), CLASSES, TABLES, ANY) is None
+    assert claim_demand(_claim(_req(cls="gpu.nvidia.com")), CLASSES, TABLES, ANY, CEL) is None
 
 
 def test_requests_age_from_their_oldest_waiting_pod() -> None:
