@@ -84,6 +84,7 @@ from migpart.demo.trace import TracePod, accelerate, load_trace
 from migpart.dra import DRIVER, DeviceId
 from migpart.mig import lookup_table
 from migpart.testbed import Testbed
+from migpart.testing.invariants import DestroyedWhileAllocated, Device
 from stand_in_kubelet import SimKubelet
 
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -190,6 +191,12 @@ def _device(node: str, gpu: int, profile: str, start: int) -> str:
     return DeviceId.of(node, gpu, profile, start).device
 
 
+def _split(device: str) -> Device:
+    """`node/device` -> (node, device)."""
+    node, _, name = device.partition("/")
+    return node, name
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     """A state file the agent writes atomically (missing: empty)."""
     try:
@@ -241,8 +248,9 @@ class Chaos:
         self.c = Counters()
         self.pods: dict[str, Pod] = {}
         self.deleted: set[str] = set()
-        # the monitor's last view: node -> GPU instances (device names); in-use devices
+        # the monitor's last view: node -> GPU instances (`node/device`); who held which device
         self.on_gpu: dict[str, set[str]] = {}
+        self.ledger = DestroyedWhileAllocated(every_change=False)
         self.in_use: set[str] = set()
         self.leaky_since: dict[str, float] = {}
         self.mignodes: dict[str, dict[str, Any]] = {}
@@ -309,26 +317,31 @@ class Chaos:
         listed = await self.custom.list_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL)
         self.mignodes = {n["metadata"]["name"]: n for n in listed["items"]}
         claims = await self.resource.list_namespaced_resource_claim(NAMESPACE)
+        # every look stands at its claim list's revision: a device counts as destroyed in use
+        # when a claim or a checkpoint held it at the last look and still holds it at this one
+        revision = int(claims.metadata.resource_version)
         owners: dict[str, set[str]] = {}
+        holders: dict[str, set[Device]] = {}
         for claim in claims.items:
             allocation = claim.status.allocation if claim.status else None
             for r in (allocation.devices.results or []) if allocation else []:
                 if r.driver == DRIVER:
                     owners.setdefault(f"{r.pool}/{r.device}", set()).add(claim.metadata.uid)
-        in_use = set(owners)
+                    holders.setdefault(f"claim {claim.metadata.uid}", set()).add((r.pool, r.device))
         for device, uids in owners.items():
             if len(uids) > 1:
                 self.c.double_allocated.add(device)
         on_gpu: dict[str, set[str]] = {}
         for name, node in self.cluster.nodes.items():
-            in_use |= self._prepared(name, node.dir)
+            holders[f"checkpoint {name}"] = {_split(d) for d in self._prepared(name, node.dir)}
             on_gpu[name] = self._gpu_instances(name, node.dir)
+        self.ledger.held(holders, revision)
         for name, now_there in on_gpu.items():
-            for device in self.on_gpu.get(name, set()) - now_there:
-                if device in self.in_use and device in in_use:
-                    self.c.destroyed_in_use.add(device)
+            self.ledger.present(name, {_split(d)[1] for d in now_there}, revision)
             self._leaks(name, now_there, now)
-        self.on_gpu, self.in_use = on_gpu, in_use
+        self.c.destroyed_in_use |= {f"{v.node}/{v.device}" for v in self.ledger.violations}
+        self.on_gpu = on_gpu
+        self.in_use = {f"{node}/{d}" for devices in holders.values() for node, d in devices}
         for name, pod in self.pods.items():
             if pod.started is None and name not in self.deleted and now - pod.created > STUCK_S:
                 self.c.stuck.add(name)

@@ -86,9 +86,9 @@ from kubernetes_asyncio.client import (
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, lease_node
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
-from migpart.mig import device_name
 from migpart.testbed import Testbed, build
 from migpart.testbed.run import ready_node_status, terminate_all
+from migpart.testing.invariants import DestroyedWhileAllocated, allocated_devices, present_devices
 
 BENCH = Path(__file__).resolve().parent
 H100 = "NVIDIA H100 80GB HBM3"
@@ -390,77 +390,27 @@ async def _follow(
 # ---------------------------------------------------------------- what the harness follows
 
 
-def present_devices(mignode: dict[str, Any]) -> set[str]:
-    return {
-        device_name(g["index"], i["profile"], i["start"])
-        for g in (mignode.get("status") or {}).get("gpus", [])
-        for i in g.get("instances", [])
-    }
-
-
-def allocated_devices(claim: dict[str, Any]) -> list[tuple[str, str]]:
-    """(node, device) of every device allocated to the claim (pool name = node name)."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return [
-        (r["pool"], r["device"])
-        for r in (allocation.get("devices") or {}).get("results", [])
-        if r.get("driver") == DRIVER
-    ]
-
-
 @dataclass
 class Monitor:
-    """Follows MigNodes and claims: which nodes reported their GPUs, and every allocated
-    device that vanished from its MigNode after it was allocated.
-
-    Both watches carry etcd revisions (resourceVersion), so the order of "allocated at A"
-    and "vanished at R" is known whichever watch delivers first: R > A is a violation.
-    """
+    """Follows MigNodes and claims: which nodes reported their GPUs, which the operator marked
+    Stale, and (`ledger`) every allocated device that vanished from its MigNode after it was
+    allocated, ordered by etcd revisions (migpart.testing.invariants)."""
 
     reported: set[str] = field(default_factory=set)
-    present: dict[str, set[str]] = field(default_factory=dict)
-    # device -> its allocations: [revision allocated, claim, revision released or None]
-    allocations: dict[tuple[str, str], list[list[Any]]] = field(default_factory=dict)
-    held: dict[str, set[tuple[str, str]]] = field(default_factory=dict)  # claim -> its devices
-    vanished_at: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    violations: set[str] = field(default_factory=set)
+    ledger: DestroyedWhileAllocated = field(default_factory=DestroyedWhileAllocated)
     stale: set[str] = field(default_factory=set)  # nodes the operator marked Stale
 
     def on_mignode(self, kind: str, obj: dict[str, Any]) -> None:
         node = obj["metadata"]["name"]
-        revision = int(obj["metadata"]["resourceVersion"])
-        now = set() if kind == "DELETED" else present_devices(obj)
         conditions = (obj.get("status") or {}).get("conditions") or []
         if any(c.get("type") == "Stale" and c.get("status") == "True" for c in conditions):
             self.stale.add(node)
         if len((obj.get("status") or {}).get("gpus", [])) == GPUS_PER_NODE:
             self.reported.add(node)
-        for device in self.present.get(node, set()) - now:
-            key = (node, device)
-            self.vanished_at.setdefault(key, []).append(revision)
-            self._check(key)
-        self.present[node] = now
+        self.ledger.on_mignode(kind, obj)
 
     def on_claim(self, kind: str, obj: dict[str, Any]) -> None:
-        revision = int(obj["metadata"]["resourceVersion"])
-        claim = obj["metadata"]["name"]
-        devices = set() if kind == "DELETED" else set(allocated_devices(obj))
-        held = self.held.get(claim, set())
-        for key in held - devices:
-            # released (deallocated, or the claim deleted): free to destroy from here on
-            self.allocations[key][-1][2] = revision
-        for key in devices - held:
-            self.allocations.setdefault(key, []).append([revision, claim, None])
-            self._check(key)
-        self.held[claim] = devices
-
-    def _check(self, key: tuple[str, str]) -> None:
-        """A violation: the device vanished while a claim held it (both in etcd revisions)."""
-        for since, claim, until in self.allocations.get(key, []):
-            if any(
-                since < r and (until is None or r < until) for r in self.vanished_at.get(key, [])
-            ):
-                self.violations.add(f"{key[0]}/{key[1]} (claim {claim})")
+        self.ledger.on_claim(kind, obj)
 
 
 @dataclass
@@ -797,7 +747,7 @@ class Size:
             burst_wall_s=burst.wall_s,
             cpu_s=burst.cpu_s,
             scheduler_attempts=burst.attempts,
-            destroyed_in_use=sorted(monitor.violations),
+            destroyed_in_use=[str(v) for v in monitor.ledger.violations],
             missing_at_end=missing,
             setup_s=self.setup_s,
             created_s=burst.created_s,

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from migpart.demo.cluster import LocalCluster
-from migpart.mig import device_name
 from migpart.testbed import Testbed
 from migpart.testbed.kubelet import RUN_SECONDS_ENV
+from migpart.testing.invariants import DestroyedWhileAllocated
 from tests.testbeds import running_testbed
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -65,40 +65,29 @@ def cluster(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 class InvariantMonitor(threading.Thread):
-    """Polls claims and MigNodes; records any allocated device that vanished from its node."""
+    """Polls claims and MigNodes; records any allocated device that vanished from its node
+    while its claim held it (migpart.testing.invariants, ordered by resourceVersion)."""
 
     def __init__(self, testbed: Testbed) -> None:
         super().__init__(daemon=True)
         self.testbed = testbed
         self.stop_event = threading.Event()
-        self.violations: list[str] = []
-        self.seen: dict[str, set[str]] = {}
+        self.ledger = DestroyedWhileAllocated(every_change=False)
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"{v} destroyed while allocated" for v in self.ledger.violations]
 
     def run(self) -> None:
         while not self.stop_event.wait(0.2):
             self.check()
 
     def check(self) -> None:
-        nodes = json.loads(self.testbed.kubectl("get", "mignodes", "-o", "json"))["items"]
+        # the nodes first: a claim released before a device went shows in the later list
+        nodes = json.loads(self.testbed.kubectl("get", "mignodes", "-o", "json"))
         claims = json.loads(self.testbed.kubectl("get", "resourceclaims", "-A", "-o", "json"))
-        in_use: dict[str, set[str]] = {}
-        for claim in claims["items"]:
-            status = claim.get("status") or {}
-            if not status.get("reservedFor"):
-                continue
-            for r in (status.get("allocation") or {}).get("devices", {}).get("results", []):
-                if r["driver"] == "mig.migpart.io":
-                    in_use.setdefault(r["pool"], set()).add(r["device"])
-        for node in nodes:
-            name = node["metadata"]["name"]
-            present = {
-                device_name(g["index"], i["profile"], i["start"])
-                for g in (node.get("status") or {}).get("gpus", [])
-                for i in g.get("instances", [])
-            }
-            lost = (self.seen.get(name, set()) - present) & in_use.get(name, set())
-            self.violations += [f"{name}/{d} destroyed while allocated" for d in sorted(lost)]
-            self.seen[name] = present
+        self.ledger.mignodes_listed(nodes["items"])
+        self.ledger.claims_listed(claims["items"])
 
 
 @dataclass

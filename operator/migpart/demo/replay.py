@@ -25,6 +25,7 @@ from migpart.demo.trace import TracePod
 from migpart.dra import DEVICE_CLASS, DRIVER, DeviceId
 from migpart.mig import ModelTable
 from migpart.testbed.kubelet import RUN_SECONDS_ENV
+from migpart.testing.invariants import DestroyedWhileAllocated, Violation
 
 NAMESPACE = "migpart-demo"
 
@@ -184,6 +185,9 @@ class Replay:
         self.mignodes: list[dict[str, Any]] = []
         self.seen_devices: dict[str, set[DeviceId]] = {}
         self.events: list[str] = []
+        # destroyed while allocated, by etcd revisions (polled: only what certainly happened)
+        self.ledger = DestroyedWhileAllocated(every_change=False)
+        self.violations: set[Violation] = set()
 
     async def setup(self, table: ModelTable) -> None:
         """Namespace and one claim template per (profile, count) the replay uses."""
@@ -249,14 +253,14 @@ class Replay:
             n for n in result["items"] if self.nodes is None or n["metadata"]["name"] in self.nodes
         ]
         claims = await self.resource.list_namespaced_resource_claim(self.namespace)
-        in_use: set[DeviceId] = set()
-        for claim in claims.items:
-            allocation = claim.status.allocation if claim.status else None
-            if allocation is None or not claim.status.reserved_for:
-                continue
-            for r in allocation.devices.results or []:
-                if r.driver == DRIVER:
-                    in_use.add(DeviceId(r.pool, r.device))
+        # the nodes first: a claim released before a device went shows in the later list
+        self.ledger.mignodes_listed(self.mignodes)
+        self.ledger.claims_listed(self.api.sanitize_for_serialization(claims)["items"])
+        for violation in self.ledger.violations:
+            if violation not in self.violations:
+                self.violations.add(violation)
+                self.stats.destroyed_in_use += 1
+                self.events.append(f"{violation.node}: DESTROYED IN USE {violation.device}")
         for node in self.mignodes:
             name = node["metadata"]["name"]
             plan_id = (node.get("spec") or {}).get("planId")
@@ -278,9 +282,6 @@ class Replay:
             seen = self.seen_devices[name]
             self.stats.creates += len(present - seen)
             self.stats.destroys += len(seen - present)
-            for device in (seen - present) & in_use:
-                self.stats.destroyed_in_use += 1
-                self.events.append(f"{name}: DESTROYED IN USE {device.device}")
             self.seen_devices[name] = present
 
     def _draw(self, now: float) -> None:
