@@ -88,16 +88,21 @@ from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
 from migpart.testbed import Testbed, build
 from migpart.testbed.run import ready_node_status, terminate_all
+from migpart.testing.builders import (
+    POOL_LABEL,
+    ClaimBuilder,
+    PodBuilder,
+    PolicyBuilder,
+    profile_is,
+)
 from migpart.testing.invariants import DestroyedWhileAllocated, allocated_devices, present_devices
 
 BENCH = Path(__file__).resolve().parent
 H100 = "NVIDIA H100 80GB HBM3"
 GPUS_PER_NODE = 8
-DRIVER = "mig.migpart.io"
 PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
 SAME_GPU_PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb"]  # two of them fit one GPU
 NAMESPACE = "scale"
-POOL_LABEL = "migpart.io/pool"
 POOLS = ("a", "b")
 ZONE_LABEL = "topology.kubernetes.io/zone"
 ZONE = "zone-1"
@@ -182,64 +187,22 @@ def workload(m: int, seed: int = SEED) -> list[PodPlan]:
 
 
 def claim_body(p: PodPlan) -> dict[str, Any]:
-    selector = f'device.attributes["{DRIVER}"].profile == "{p.profile}"'
-    devices: dict[str, Any] = {
-        "requests": [
-            {
-                "name": "gpu",
-                "exactly": {
-                    "deviceClassName": DRIVER,
-                    "count": p.count,
-                    "selectors": [{"cel": {"expression": selector}}],
-                },
-            }
-        ]
-    }
+    claim = ClaimBuilder(p.name).request(profile_is(p.profile), count=p.count)
     if p.same_gpu:
-        devices["constraints"] = [{"requests": ["gpu"], "matchAttribute": f"{DRIVER}/parentUUID"}]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": p.name},
-        "spec": {"devices": devices},
-    }
+        claim.same_gpu("gpu")
+    return claim.obj()
 
 
 def pod_body(p: PodPlan) -> dict[str, Any]:
     selector = {POOL_LABEL: p.pool, **({ZONE_LABEL: p.zone} if p.zone else {})}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": p.name},
-        "spec": {
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": p.name}],
-            "nodeSelector": selector,
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
+    pod = PodBuilder(p.name).claim(p.name).node_selector(selector)
+    return pod.spec(terminationGracePeriodSeconds=0).obj()
 
 
 def policy_body(pool: str, nodes: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "GpuPartitionPolicy",
-        "metadata": {"name": f"pool-{pool}"},
-        "spec": {
-            "mode": "Active",
-            "nodeSelector": {"matchLabels": {POOL_LABEL: pool}},
-            "reconfiguration": {
-                "batchWindowSeconds": 1,
-                "maxConcurrentNodes": max(1, min(1024, nodes)),
-            },
-        },
-    }
+    policy = PolicyBuilder(f"pool-{pool}").spec(mode="Active").pool({POOL_LABEL: pool})
+    reconfiguration = {"batchWindowSeconds": 1, "maxConcurrentNodes": max(1, min(1024, nodes))}
+    return policy.spec(reconfiguration=reconfiguration).obj()
 
 
 # ---------------------------------------------------------------- processes and /proc

@@ -24,6 +24,7 @@ import pytest
 from migpart.demo.cluster import LocalCluster
 from migpart.testbed import Testbed
 from migpart.testbed.kubelet import RUN_SECONDS_ENV
+from migpart.testing.builders import POOL_LABEL, ClaimBuilder, PodBuilder, PolicyBuilder
 from migpart.testing.invariants import DestroyedWhileAllocated
 from tests.testbeds import running_testbed
 
@@ -108,24 +109,16 @@ class Scenario:
         self, gpus: str, sim_latency_ms: float = 0.0, labels: dict[str, str] | None = None
     ) -> str:
         name = f"{self.pool}-n{len(self.nodes) + 1}"
-        labels = {"migpart.io/pool": self.pool, **(labels or {})}
+        labels = {POOL_LABEL: self.pool, **(labels or {})}
         self.cluster.add_gpu_node(name, gpus, labels, sim_latency_ms)
         self.nodes.append(name)
         self.cluster.wait_for(f"MigNode {name} inventory", lambda: bool(self.gpus(name)))
         return name
 
     def policy(self, mode: str = "Active", **spec: Any) -> str:
-        body = {
-            "apiVersion": "migpart.io/v1alpha1",
-            "kind": "GpuPartitionPolicy",
-            "metadata": {"name": self.pool},
-            "spec": {
-                "mode": mode,
-                "nodeSelector": {"matchLabels": {"migpart.io/pool": self.pool}},
-                "reconfiguration": {"batchWindowSeconds": 1, "maxConcurrentNodes": 4},
-                **spec,
-            },
-        }
+        policy = PolicyBuilder(self.pool).pool({POOL_LABEL: self.pool}).spec(mode=mode)
+        policy.spec(reconfiguration={"batchWindowSeconds": 1, "maxConcurrentNodes": 4}, **spec)
+        body = policy.obj()
         self.tb.kubectl("apply", "-f", "-", input=json.dumps(body))
         return self.pool
 
@@ -147,53 +140,17 @@ class Scenario:
     def pod(self, name: str, selector: str, count: int = 1, run_s: float | None = None) -> None:
         """A pod with a claim template of `count` MIG devices matching the CEL `selector`.
         Its container runs until the pod is deleted, or exits after `run_s` seconds."""
-        env = [] if run_s is None else [{"name": RUN_SECONDS_ENV, "value": str(run_s)}]
-        template = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "gpu",
-                                "exactly": {
-                                    "deviceClassName": "mig.migpart.io",
-                                    "count": count,
-                                    "selectors": [{"cel": {"expression": selector}}],
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        }
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "env": env,
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "restartPolicy": "Never",
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                # this test's nodes only: earlier tests' free devices must not serve it
-                "nodeSelector": {"migpart.io/pool": self.pool},
-                "terminationGracePeriodSeconds": 0,
-            },
-        }
+        template = ClaimBuilder(name, self.namespace).request(selector, count=count).template()
+        # this test's nodes only: earlier tests' free devices must not serve it
+        pod = PodBuilder(name, self.namespace).claim_template(name).ends()
+        pod.node_selector({POOL_LABEL: self.pool})
+        if run_s is not None:
+            pod.env(RUN_SECONDS_ENV, str(run_s))
         self.tb.kubectl(
             "apply",
             "-f",
             "-",
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [template, pod]}),
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [template, pod.obj()]}),
         )
 
     def allocated(self, pod: str) -> list[dict[str, str]]:

@@ -25,12 +25,28 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 from migpart.agent.lease import micro_time
 from migpart.api.leases import LEASE_LABELS, LEASE_NAMESPACE, lease_name
-from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
+from migpart.api.models import (
+    GROUP,
+    MIGNODE_PLURAL,
+    POLICY_PLURAL,
+    GpuStatus,
+    MigInstanceStatus,
+    MigNodeStatus,
+    ProfileInfo,
+)
 from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.metrics import Metrics
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
+from migpart.dra import DRIVER
 from migpart.mig import builtin_table
 from migpart.testbed import Testbed
+from migpart.testing.builders import (
+    ClaimBuilder,
+    MigNodeBuilder,
+    PodBuilder,
+    PolicyBuilder,
+    profile_is,
+)
 from tests.testbeds import running_testbed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +78,7 @@ def eventually(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.2
         time.sleep(interval)
 
 
-PROFILE_IS = 'device.attributes["mig.migpart.io"].profile == "{}"'
+PROFILE_IS = profile_is("{}")
 
 
 def events(bed: Testbed, name: str, namespace: str = "") -> list[dict[str, Any]]:
@@ -126,14 +142,10 @@ def put_mignode(
     observed_plan_id: str | None = None,
 ) -> None:
     """Create/refresh MigNode `name` and write its status as the agent would."""
-    body: dict[str, Any] = {
-        "apiVersion": "migpart.io/v1alpha1",
-        "kind": "MigNode",
-        "metadata": {"name": name},
-    }
+    node = MigNodeBuilder(name)
     if spec is not None:
-        body["spec"] = spec
-    apply(bed, body)
+        node.spec(spec)
+    apply(bed, node.obj())
     renew_lease(bed, name)
     status = MigNodeStatus(observed_plan_id=observed_plan_id, gpus=gpus)
     patch_status(
@@ -159,24 +171,7 @@ def renew_lease(bed: Testbed, node: str) -> None:
 
 
 def claim_body(name: str, namespace: str, expression: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": "mig.migpart.io",
-                            "selectors": [{"cel": {"expression": expression}}],
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    return ClaimBuilder(name, namespace).request(expression).obj()
 
 
 def pending_pod(
@@ -189,41 +184,15 @@ def pending_pod(
 ) -> None:
     """A pod using `claim`, left to a scheduler that does not exist, then marked
     Unschedulable the way kube-scheduler marks it."""
-    extra = {"priorityClassName": priority_class} if priority_class else {}
-    apply(
-        bed,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "nodeSelector": node_selector or {},
-                "schedulerName": "migpart-test-no-scheduler",
-                **extra,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                "containers": [
-                    {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
-                ],
-            },
-        },
+    pod = PodBuilder(name, namespace).container("main", "busybox").claim(claim)
+    pod.node_selector(node_selector or {}).spec(schedulerName="migpart-test-no-scheduler")
+    if priority_class:
+        pod.spec(priorityClassName=priority_class)
+    apply(bed, pod.obj())
+    unschedulable = PodBuilder(name).unschedulable(
+        "0/1 nodes are available: cannot allocate all claims"
     )
-    patch_status(
-        bed,
-        "pod",
-        name,
-        {
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": "Unschedulable",
-                    "message": "0/1 nodes are available: cannot allocate all claims",
-                }
-            ]
-        },
-        "-n",
-        namespace,
-    )
+    patch_status(bed, "pod", name, unschedulable.obj()["status"], "-n", namespace)
 
 
 def allocate(bed: Testbed, claim: str, namespace: str, node: str, device: str) -> None:
@@ -238,7 +207,7 @@ def allocate(bed: Testbed, claim: str, namespace: str, node: str, device: str) -
                     "results": [
                         {
                             "request": "gpu",
-                            "driver": "mig.migpart.io",
+                            "driver": DRIVER,
                             "pool": node,
                             "device": device,
                         }
@@ -261,12 +230,7 @@ def allocate(bed: Testbed, claim: str, namespace: str, node: str, device: str) -
 
 
 def policy_body(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "migpart.io/v1alpha1",
-        "kind": "GpuPartitionPolicy",
-        "metadata": {"name": name},
-        "spec": {"nodeSelector": {"matchLabels": labels}, **spec},
-    }
+    return PolicyBuilder(name).pool(labels).spec(**spec).obj()
 
 
 @pytest.fixture
@@ -292,7 +256,7 @@ def cluster(testbed: Testbed) -> Testbed:
     """The testbed with migpart's CRDs Established and its DeviceClass applied."""
     for crd in sorted((ROOT / "crds").glob("*.yaml")):
         testbed.kubectl("apply", "--server-side", "-f", str(crd))
-    for crd in ("gpupartitionpolicies.migpart.io", "mignodes.migpart.io"):
+    for crd in (f"{POLICY_PLURAL}.{GROUP}", f"{MIGNODE_PLURAL}.{GROUP}"):
         testbed.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
     testbed.kubectl("apply", "--server-side", "-f", str(ROOT / "manifests" / "deviceclass.yaml"))
     eventually(lambda: "default" in testbed.kubectl("get", "namespaces", "-o", "name"))

@@ -20,6 +20,7 @@ from migpart.agent.app import AgentConfig, serve
 from migpart.agent.claims import ClaimNotFound, KubeClaims
 from migpart.agent.simulator import SimulatedNvml
 from migpart.dra import AllocatedDevice
+from migpart.testing.builders import ClaimBuilder
 from tests.stopping import stop_async_process, stop_task
 
 if TYPE_CHECKING:
@@ -207,16 +208,7 @@ async def test_kube_claims_reads_allocation_from_the_api_server(
     crds: Testbed, api: ApiClient
 ) -> None:
     ns = "default"
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "agent-it-claim", "namespace": ns},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.migpart.io"}}]
-            }
-        },
-    }
+    claim = ClaimBuilder("agent-it-claim", ns).request().obj()
     await asyncio.to_thread(crds.kubectl, "apply", "-f", "-", input=json.dumps(claim))
     body = await kubectl_json(crds, "get", "resourceclaim", "agent-it-claim", "-n", ns)
     assert body is not None
@@ -224,22 +216,8 @@ async def test_kube_claims_reads_allocation_from_the_api_server(
     source = KubeClaims(api)
     with pytest.raises(ClaimNotFound, match="not allocated"):
         await source.allocation(ns, "agent-it-claim", uid)
-    allocation = {
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "gpu",
-                            "driver": "mig.migpart.io",
-                            "pool": "node-x",
-                            "device": "gpu-0-1g10gb-3",
-                        },
-                    ]
-                }
-            }
-        }
-    }
+    allocated = ClaimBuilder("agent-it-claim").allocated("node-x", "gpu-0-1g10gb-3")
+    allocation = {"status": allocated.obj()["status"]}
     await asyncio.to_thread(
         crds.kubectl,
         "patch",

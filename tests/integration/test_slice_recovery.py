@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from migpart.testbed import Testbed
+from migpart.testing.builders import PodBuilder
 from tests.integration.conftest import (
     PROFILE_IS,
     apply,
@@ -65,22 +66,11 @@ def test_a_wiped_slice_comes_back_at_a_newer_generation_that_the_scheduler_uses(
         apply(cluster, claim_body("wipe-claim", "default", PROFILE_IS.format("1g.10gb")))
         apply(
             cluster,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "wipe-pod", "namespace": "default"},
-                "spec": {
-                    "nodeSelector": {"migpart-test": "wipe"},
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "wipe-claim"}],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "busybox",
-                            "resources": {"claims": [{"name": "gpu"}]},
-                        }
-                    ],
-                },
-            },
+            PodBuilder("wipe-pod", "default")
+            .container("main", "busybox")
+            .claim("wipe-claim")
+            .node_selector({"migpart-test": "wipe"})
+            .obj(),
         )
 
         def allocated() -> list[dict[str, Any]]:
