@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from migpart.dra import DRIVER
+from migpart.testing.builders import ClaimBuilder, MigNodeBuilder
 from migpart.testing.invariants import DestroyedWhileAllocated, Violation
 
 DEVICE = "gpu-0-1g10gb-0"
@@ -12,18 +13,15 @@ DEVICE = "gpu-0-1g10gb-0"
 
 def mignode(revision: int, *starts: int) -> dict[str, Any]:
     instances = [{"profile": "1g.10gb", "start": s} for s in starts]
-    return {
-        "metadata": {"name": "n1", "resourceVersion": str(revision)},
-        "status": {"gpus": [{"index": 0, "instances": instances}]},
-    }
+    status = {"gpus": [{"index": 0, "instances": instances}]}
+    return MigNodeBuilder("n1").revision(revision).status(status).obj()
 
 
 def claim(revision: int, *devices: str, driver: str = DRIVER) -> dict[str, Any]:
-    results = [{"driver": driver, "pool": "n1", "device": d, "request": "gpu"} for d in devices]
-    return {
-        "metadata": {"name": "c1", "namespace": "ns", "resourceVersion": str(revision)},
-        "status": {"allocation": {"devices": {"results": results}}} if devices else {},
-    }
+    body = ClaimBuilder("c1", "ns").revision(revision).request()
+    for device in devices:
+        body.allocated("n1", device, driver=driver)
+    return body.obj()
 
 
 def test_a_device_gone_while_its_claim_holds_it_is_a_violation() -> None:
