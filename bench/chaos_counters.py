@@ -12,20 +12,16 @@ from typing import Any
 from chaos_faults import (
     ELECTION_FAULTS,
 )  # bench/, next to this script
-from migpart.api.models import MigNodeSpec
+from migpart.api.models import GROUP, MigNodeSpec
 from migpart.demo.trace import TracePod
 from migpart.dra import DeviceId
+from migpart.testing.builders import PolicyBuilder
 from migpart.testing.invariants import Device
 
 MODEL = "NVIDIA H100 80GB HBM3"
-LABELS = {"migpart.io/chaos": "true"}
-POLICY = """apiVersion: migpart.io/v1alpha1
-kind: GpuPartitionPolicy
-metadata: {name: chaos}
-spec:
-  nodeSelector: {matchLabels: {migpart.io/chaos: "true"}}
-  reconfiguration: {batchWindowSeconds: 1, maxConcurrentNodes: 2}
-"""
+LABELS = {f"{GROUP}/chaos": "true"}
+RECONFIGURATION = {"batchWindowSeconds": 1, "maxConcurrentNodes": 2}
+POLICY = json.dumps(PolicyBuilder("chaos").pool(LABELS).spec(reconfiguration=RECONFIGURATION).obj())
 FAULTS = (
     "agent-kill",
     "operator-kill",

@@ -19,7 +19,8 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.claims import ClaimNotFound, KubeClaims
 from migpart.agent.simulator import SimulatedNvml
-from migpart.dra import AllocatedDevice
+from migpart.api.models import GROUP
+from migpart.dra import DRIVER, AllocatedDevice
 from migpart.testing.builders import ClaimBuilder
 from tests.stopping import stop_async_process, stop_task
 
@@ -37,9 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def crds(testbed: Testbed) -> Testbed:
     testbed.kubectl("apply", "-f", str(REPO / "crds"))
-    testbed.kubectl(
-        "wait", "--for=condition=established", "--timeout=60s", "crd/mignodes.migpart.io"
-    )
+    testbed.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/mignodes.{GROUP}")
     return testbed
 
 
@@ -231,7 +230,7 @@ async def test_kube_claims_reads_allocation_from_the_api_server(
         json.dumps(allocation),
     )
     assert await source.allocation(ns, "agent-it-claim", uid) == [
-        AllocatedDevice("gpu", "mig.migpart.io", "node-x", "gpu-0-1g10gb-3")
+        AllocatedDevice("gpu", DRIVER, "node-x", "gpu-0-1g10gb-3")
     ]
     with pytest.raises(ClaimNotFound, match="UID"):
         await source.allocation(ns, "agent-it-claim", "some-other-uid")
@@ -283,7 +282,7 @@ async def test_migpart_agent_command_runs_on_the_simulator(crds: Testbed, short_
     try:
         obj = await until(crds, node, lambda o: len(o.get("status", {}).get("gpus", [])) == 2)
         assert [g["model"] for g in obj["status"]["gpus"]] == [H100, "NVIDIA H200"]
-        assert (short_dir / "registry" / "mig.migpart.io-reg.sock").exists()
+        assert (short_dir / "registry" / f"{DRIVER}-reg.sock").exists()
         assert (short_dir / "plugin" / "dra.sock").exists()
         async with aiohttp.ClientSession() as http:
             while True:  # readiness follows the first status write
@@ -296,4 +295,4 @@ async def test_migpart_agent_command_runs_on_the_simulator(crds: Testbed, short_
     finally:
         _, stderr = await stop_async_process(proc, "migpart agent")
     assert proc.returncode == 0, stderr.decode()[-2000:]
-    assert not (short_dir / "registry" / "mig.migpart.io-reg.sock").exists()
+    assert not (short_dir / "registry" / f"{DRIVER}-reg.sock").exists()

@@ -21,8 +21,10 @@ import pytest
 import yaml
 
 from migpart.api.leases import LEASE_NAMESPACE
+from migpart.api.models import GROUP, VERSION
 from migpart.commands import agent as agent_command
 from migpart.commands import operator as operator_command
+from migpart.dra import DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -51,7 +53,7 @@ KNOWN_KINDS = {
     ("resource.k8s.io/v1", "DeviceClass"),
     ("resource.k8s.io/v1", "ResourceClaim"),
     ("resource.k8s.io/v1", "ResourceClaimTemplate"),
-    ("migpart.io/v1alpha1", "GpuPartitionPolicy"),
+    (f"{GROUP}/{VERSION}", "GpuPartitionPolicy"),
     ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
 }
 
@@ -91,15 +93,15 @@ OPERATOR_NEEDS = {
     ("resource.k8s.io", "resourceslices", "create"),
     ("resource.k8s.io", "resourceslices", "update"),
     # kopf index and event handler; patch_policy_status
-    ("migpart.io", "gpupartitionpolicies", "list"),
-    ("migpart.io", "gpupartitionpolicies", "watch"),
-    ("migpart.io", "gpupartitionpolicies/status", "patch"),
+    (GROUP, "gpupartitionpolicies", "list"),
+    (GROUP, "gpupartitionpolicies", "watch"),
+    (GROUP, "gpupartitionpolicies/status", "patch"),
     # kopf index, event handler; patch_mignode_spec
-    ("migpart.io", "mignodes", "list"),
-    ("migpart.io", "mignodes", "watch"),
-    ("migpart.io", "mignodes", "patch"),
+    (GROUP, "mignodes", "list"),
+    (GROUP, "mignodes", "watch"),
+    (GROUP, "mignodes", "patch"),
     # kube/objects.py patch_mignode_conditions (the Stale condition); kube/leases.py watch
-    ("migpart.io", "mignodes/status", "patch"),
+    (GROUP, "mignodes/status", "patch"),
     ("coordination.k8s.io", "leases", "list"),
     ("coordination.k8s.io", "leases", "watch"),
     # kube/election.py KubeLeaseStore: the election Lease
@@ -115,11 +117,11 @@ OPERATOR_NEEDS = {
 
 AGENT_NEEDS = {
     ("", "nodes", "get"),  # KubeMigNodes._owner
-    ("migpart.io", "mignodes", "get"),  # KubeMigNodes.ensure
-    ("migpart.io", "mignodes", "create"),
-    ("migpart.io", "mignodes", "list"),  # KubeMigNodes.specs (watch by field selector)
-    ("migpart.io", "mignodes", "watch"),
-    ("migpart.io", "mignodes/status", "patch"),  # KubeMigNodes.write_status
+    (GROUP, "mignodes", "get"),  # KubeMigNodes.ensure
+    (GROUP, "mignodes", "create"),
+    (GROUP, "mignodes", "list"),  # KubeMigNodes.specs (watch by field selector)
+    (GROUP, "mignodes", "watch"),
+    (GROUP, "mignodes/status", "patch"),  # KubeMigNodes.write_status
     ("resource.k8s.io", "resourceclaims", "get"),  # KubeClaims.allocation
     ("coordination.k8s.io", "leases", "get"),  # NodeLease.renew
     ("coordination.k8s.io", "leases", "create"),
@@ -388,7 +390,7 @@ def test_agent_runs_on_gpu_nodes_with_its_node_name() -> None:
     [
         ("state_dir", "/var/lib/migpart"),
         ("cdi_dir", "/var/run/cdi"),
-        ("plugin_dir", "/var/lib/kubelet/plugins/mig.migpart.io"),
+        ("plugin_dir", f"/var/lib/kubelet/plugins/{DRIVER}"),
         ("registration_dir", "/var/lib/kubelet/plugins_registry"),
     ],
 )

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import yaml
 
-from migpart.api.models import MigInstanceStatus, MigNodeStatus
+from migpart.api.models import GROUP, VERSION, MigInstanceStatus, MigNodeStatus
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster, scope_of
@@ -109,7 +109,7 @@ def cluster_with(node: dict[str, Any], claims: list[dict[str, Any]]) -> Cluster:
         node_labels={"n1": {"pool": "a"}},
         policies={
             "p": {
-                "apiVersion": "migpart.io/v1alpha1",
+                "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "GpuPartitionPolicy",
                 "metadata": {"name": "p", "uid": "u"},
                 "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}}},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from migpart.api.models import MigNodeSpec, MigNodeStatus
+from migpart.api.models import GROUP, VERSION, MigNodeSpec, MigNodeStatus
 from migpart.dra import DEVICE_CLASS, DRIVER, allocated_ids
 from migpart.testing.builders import (
     POOL_LABEL,
@@ -80,7 +80,7 @@ def test_a_pod_uses_every_claim_in_its_one_container() -> None:
         {"name": "gpu", "resourceClaimName": "c1"},
         {"name": "more", "resourceClaimTemplateName": "t1"},
     ]
-    assert body["spec"]["nodeSelector"] == {"migpart.io/pool": "a"}
+    assert body["spec"]["nodeSelector"] == {f"{GROUP}/pool": "a"}
     assert body["spec"]["restartPolicy"] == "Never"
     assert body["status"]["conditions"][0]["reason"] == "Unschedulable"
     bare = PodBuilder("p2").obj()
@@ -90,10 +90,10 @@ def test_a_pod_uses_every_claim_in_its_one_container() -> None:
 def test_mignode_slice_and_policy_bodies() -> None:
     node = MigNodeBuilder("n1").labels({"pool": "a"}).spec(MigNodeSpec(plan_id="p1"))
     body = node.status(MigNodeStatus(observed_plan_id="p1")).obj()
-    assert body["apiVersion"] == "migpart.io/v1alpha1"
+    assert body["apiVersion"] == f"{GROUP}/{VERSION}"
     assert body["spec"]["planId"] == body["status"]["observedPlanId"] == "p1"
     assert MigNodeBuilder("n2").obj() == {
-        "apiVersion": "migpart.io/v1alpha1",
+        "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "MigNode",
         "metadata": {"name": "n2"},
     }
