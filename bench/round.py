@@ -24,14 +24,19 @@ import sys
 import time
 from typing import Any
 
-from migpart.api.models import GpuStatus, MigNodeStatus, ProfileInfo
+from migpart.api.models import MigNodeStatus
 from migpart.controller.scope import Cluster, ScopeCache, scope_of
 from migpart.dra import DEVICE_CLASS, DRIVER
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import build_snapshot
-from migpart.mig import builtin_table
 from migpart.planning.planner import plan
-from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, PolicyBuilder, profile_is
+from migpart.testing.builders import (
+    ClaimBuilder,
+    MigNodeBuilder,
+    PolicyBuilder,
+    gpu_status,
+    profile_is,
+)
 
 H100 = "NVIDIA H100 80GB HBM3"
 PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
@@ -42,20 +47,7 @@ CLASS = {
 
 
 def mignode(name: str, labels: dict[str, str], revision: int) -> dict[str, Any]:
-    table = builtin_table(H100)
-    gpus = [
-        GpuStatus(
-            index=i,
-            uuid=f"GPU-{name}-{i}",
-            model=H100,
-            mig_enabled=True,
-            compute_slices=table.compute_slices,
-            memory_slices=table.memory_slices,
-            profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
-            instances=[],
-        )
-        for i in range(8)
-    ]
+    gpus = [gpu_status(i, model=H100, uuid=f"GPU-{name}-{i}") for i in range(8)]
     node = MigNodeBuilder(name).labels(labels).revision(revision)
     return node.status(MigNodeStatus(gpus=gpus)).obj()
 

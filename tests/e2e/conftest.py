@@ -6,7 +6,7 @@ exactly as on a cluster.
 
 Each test gets its own namespace, its own node pool label and its own policy, so tests do not
 see each other's demand. A monitor thread checks the one invariant that matters during every
-test: no device allocated to a claim of a live pod ever disappears from its node.
+test: no device disappears from its node while a claim holds it (migpart.testing.invariants).
 """
 
 from __future__ import annotations

@@ -30,16 +30,14 @@ from migpart.api.models import (
     MIGNODE_PLURAL,
     POLICY_PLURAL,
     GpuStatus,
-    MigInstanceStatus,
     MigNodeStatus,
-    ProfileInfo,
 )
 from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.metrics import Metrics
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.dra import DRIVER
-from migpart.mig import builtin_table
 from migpart.testbed import Testbed
+from migpart.testing import builders
 from migpart.testing.builders import (
     ClaimBuilder,
     MigNodeBuilder,
@@ -118,20 +116,8 @@ def patch_status(bed: Testbed, kind: str, name: str, status: dict[str, Any], *ns
 
 def gpu_status(index: int, instances: list[tuple[str, int]], model: str = H100) -> GpuStatus:
     """A GPU as the agent reports it, with the profile table of the built-in catalog."""
-    table = builtin_table(model)
-    return GpuStatus(
-        index=index,
-        uuid=f"GPU-{index:08d}-test",
-        model=model,
-        mig_enabled=True,
-        compute_slices=table.compute_slices,
-        memory_slices=table.memory_slices,
-        profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
-        instances=[
-            MigInstanceStatus(profile=p, start=s, uuid=f"MIG-{index}-{p}-{s}", state="Free")
-            for p, s in instances
-        ],
-    )
+    free = [(p, s, "Free") for p, s in instances]
+    return builders.gpu_status(index, *free, model=model, uuid=f"GPU-{index:08d}-test")
 
 
 def put_mignode(

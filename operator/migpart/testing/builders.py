@@ -14,9 +14,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Self
 
-from migpart.api.models import GROUP, VERSION, MigNodeSpec, MigNodeStatus
+from migpart.api.models import (
+    GROUP,
+    VERSION,
+    GpuStatus,
+    MigInstanceStatus,
+    MigNodeSpec,
+    MigNodeStatus,
+    ProfileInfo,
+)
 from migpart.dra import DEVICE_CLASS, DRIVER
+from migpart.mig import builtin_table
 
+H100 = "NVIDIA H100 80GB HBM3"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 RESOURCE_API = "resource.k8s.io/v1"
 MIGPART_API = f"{GROUP}/{VERSION}"
@@ -34,6 +44,31 @@ def profile_is(profile: str) -> str:
 def memory_at_least(memory_mib: int) -> str:
     """A CEL selector: a MIG device with at least this much memory."""
     return f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{memory_mib}Mi")) >= 0'
+
+
+def gpu_status(
+    index: int,
+    *instances: tuple[str, int, str],
+    model: str = H100,
+    mig: bool = True,
+    uuid: str | None = None,
+) -> GpuStatus:
+    """A GPU of a MigNode's status as its agent reports it, with its model's built-in profile
+    table; `instances` are (profile, start, state)."""
+    table = builtin_table(model)
+    return GpuStatus(
+        index=index,
+        uuid=uuid or f"GPU-{index}",
+        model=model,
+        mig_enabled=mig,
+        compute_slices=table.compute_slices,
+        memory_slices=table.memory_slices,
+        profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
+        instances=[
+            MigInstanceStatus(profile=p, start=s, uuid=f"MIG-{index}-{p}-{s}", state=state)
+            for p, s, state in instances
+        ],
+    )
 
 
 class _Meta:

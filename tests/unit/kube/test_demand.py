@@ -21,6 +21,7 @@ from migpart.kube.demand import (
 )
 from migpart.mig import CATALOG
 from migpart.planning.model import PolicyView, Request
+from migpart.testing.builders import ClaimBuilder
 
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
@@ -54,15 +55,12 @@ def _exactly(*selectors: str, cls: str = DRIVER, **extra: Any) -> dict[str, Any]
 def _claim(
     *requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": list(requests)}
-    if constraints:
-        devices["constraints"] = constraints
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"namespace": "team-a", "name": "c1"},
-        "spec": {"devices": devices},
-    }
+    claim = ClaimBuilder("c1", "team-a")
+    for request in requests:
+        claim.raw_request(request)
+    for constraint in constraints or []:
+        claim.constraint(constraint)
+    return claim.obj()
 
 
 def _req(name: str = "gpu", **exactly: Any) -> dict[str, Any]:
