@@ -56,6 +56,8 @@ def gpu_status(
     """A GPU of a MigNode's status as its agent reports it, with its model's built-in profile
     table; `instances` are (profile, start, state)."""
     table = builtin_table(model)
+    if table is None:
+        raise ValueError(f"no built-in profile table for {model}")
     return GpuStatus(
         index=index,
         uuid=uuid or f"GPU-{index}",

@@ -81,10 +81,17 @@ class DestroyedWhileAllocated:
         self._held: dict[str, tuple[int, set[Device]]] = {}  # holder -> (revision, devices)
         self._present: dict[str, tuple[int, set[str]]] = {}  # node -> (revision, devices)
         self._vanished: dict[Device, list[tuple[int, int]]] = {}  # gone in (after, at]
+        self._seen = 0  # the highest revision seen so far: a poll's own time is no earlier
 
     def _after(self, last: int, at: int) -> int:
         """The revision after which a change seen at `at` happened."""
         return at - 1 if self.every_change else last
+
+    def _look(self, at: int) -> int:
+        """The revision an object seen now stood at: its own in a watch; in a poll, the highest
+        seen so far, since an object listed unchanged still stood so when it was listed."""
+        self._seen = max(self._seen, at)
+        return at if self.every_change else self._seen
 
     # ------------------------------------------------------------------ primitives
 
@@ -92,14 +99,12 @@ class DestroyedWhileAllocated:
         """`holder` holds exactly `devices` as of revision `at`."""
         last, before = self._held.get(holder, (at, set()))
         now = set(devices)
-        for key in before - now:
-            for holding in self._holdings[key]:
-                if holding.holder == holder and holding.until is None:
-                    holding.until = self._after(last, at) + 1
+        mark = self._look(at)
+        self._end(holder, before - now, self._after(last, at) + 1)
         for key in now - before:
             self._holdings.setdefault(key, []).append(_Holding(holder, at))
         if now:
-            self._held[holder] = (at, now)
+            self._held[holder] = (mark, now)
         else:
             self._held.pop(holder, None)
 
@@ -112,19 +117,28 @@ class DestroyedWhileAllocated:
     def present(self, node: str, devices: Iterable[str], at: int) -> None:
         """The node has exactly `devices` as of revision `at` (its first look: a baseline)."""
         now = set(devices)
+        mark = self._look(at)
         if node in self._present:
             last, before = self._present[node]
             for device in before - now:
                 self._vanished.setdefault((node, device), []).append((self._after(last, at), at))
-        self._present[node] = (at, now)
+        self._present[node] = (mark, now)
 
     def forget(self, node: str) -> None:
         """The node's object is gone; deleting it destroys no instance."""
         self._present.pop(node, None)
 
     def _release_absent(self, keep: Collection[str]) -> None:
+        """Holders a full listing omits: gone some time after they were last seen."""
         for holder in [h for h in self._held if h not in keep]:
-            self.hold(holder, (), self._held[holder][0])
+            last, devices = self._held.pop(holder)
+            self._end(holder, devices, last + 1)
+
+    def _end(self, holder: str, keys: Iterable[Device], until: int) -> None:
+        for key in keys:
+            for holding in self._holdings[key]:
+                if holding.holder == holder and holding.until is None:
+                    holding.until = until
 
     # ------------------------------------------------------------------ API bodies
 

@@ -95,6 +95,19 @@ def test_a_claim_missing_from_a_poll_was_released_after_its_last_look() -> None:
     assert ledger.violations == []
 
 
+def test_a_claim_listed_unchanged_held_its_device_until_that_look() -> None:
+    ledger = DestroyedWhileAllocated(every_change=False)
+    ledger.mignodes_listed([mignode(3, 0)])
+    ledger.claims_listed([claim(4, DEVICE)])
+    ledger.mignodes_listed([mignode(3, 0)])  # unchanged, so still there after 4
+    ledger.claims_listed([claim(4, DEVICE)])
+    ledger.mignodes_listed([mignode(9)])  # gone at 9...
+    ledger.claims_listed([claim(4, DEVICE)])  # ...while the claim, unchanged since 4, held it
+    ledger.mignodes_listed([mignode(9)])
+    ledger.claims_listed([])  # deleted later: the violation stands
+    assert ledger.violations == [Violation("n1", DEVICE, "ns/c1")]
+
+
 def test_holders_listed_at_one_revision() -> None:
     ledger = DestroyedWhileAllocated(every_change=False)
     ledger.held({"checkpoint n1": [("n1", DEVICE)]}, 10)
