@@ -5,8 +5,9 @@ Chained setters and `.obj()` at the end, as kueue's test wrappers (`MakeWorkload
     ClaimBuilder("c1", "ns").request(profile_is("3g.40gb")).allocated("n1", "gpu-0-3g40gb-0").obj()
     PodBuilder("p1", "ns").claim_template("mig-3g40gb-x1").node_selector({"pool": "a"}).obj()
 
-A body holds only what its setters put in it, beside apiVersion, kind and metadata, so a
-test states exactly the fields it cares about.
+A body holds only what its setters put in it, beside apiVersion, kind, metadata and what the
+object cannot go without (a pod's one container, a slice's driver, node and pool), so a test
+states exactly the fields it cares about.
 """
 
 from __future__ import annotations

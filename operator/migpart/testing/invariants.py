@@ -6,9 +6,11 @@ etcd revisions (resourceVersion), not by when a watch or a poll happened to deli
 a watch on claims that runs behind a watch on MigNodes reports nothing false.
 
 A watch sees every change at its own revision (`every_change=True`). A poll sees a change
-only somewhere after its previous look at that object and at or before this one; then a
-holding counts only when it certainly spans the disappearance: held at or before the previous
-look, released only after this one. A poll never reports what did not happen.
+only somewhere after its previous look at that object and at or before this one, and an
+object listed unchanged stood so at least up to the highest revision seen by then; a holding
+counts only when it certainly spans the disappearance: held at or before the node's previous
+look, released only after this one. So a poll never reports what did not happen, provided it
+lists the MigNodes before the claims (a release before a device went then shows in the list).
 
 Violations are judged when asked for, from everything seen so far: a release that arrives
 after the disappearance it preceded still clears it.
