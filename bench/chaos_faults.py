@@ -181,7 +181,7 @@ class MainOperator:
 
 
 class ElectionFaults:
-    """The faults above, on a `Chaos` (bench/chaos.py) whose cluster runs its operators
+    """The faults above, on a `Chaos` (bench/chaos_harness.py) whose cluster runs its operators
     through `proxy`."""
 
     def __init__(self, chaos: Any, proxy: Proxy, main: MainOperator) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -41,9 +42,11 @@ from typing import Any
 
 from kubernetes_asyncio import client, config
 
+from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
+from migpart.testing.builders import POOL_LABEL, ClaimBuilder, PodBuilder, PolicyBuilder, profile_is
 
 PROFILES = ["3g.40gb", "1g.10gb", "2g.20gb", "1g.20gb", "4g.40gb", "7g.80gb"]
 NAMESPACE = "bench"
@@ -68,45 +71,12 @@ async def one_pod(api: client.ApiClient, node: str, i: int, pool: str) -> Sample
     custom = client.CustomObjectsApi(api)
     profile = PROFILES[i % len(PROFILES)]
     name = f"{pool}-{i}"
-    selector = f'device.attributes["mig.migpart.io"].profile == "{profile}"'
-    template: Any = {
-        "metadata": {"name": name},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": "mig.migpart.io",
-                                "selectors": [{"cel": {"expression": selector}}],
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    template: Any = ClaimBuilder(name).request(profile_is(profile)).template()
     await res.create_namespaced_resource_claim_template(NAMESPACE, template)
-    before = await custom.get_cluster_custom_object("migpart.io", "v1alpha1", "mignodes", node)
+    before = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
     old_plan = (before.get("spec") or {}).get("planId")
     published = await slice_devices(res, node)
-    pod: Any = {
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-            "nodeSelector": {"migpart.io/pool": pool},
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
+    pod: Any = PodBuilder(name).claim_template(name).node_selector({POOL_LABEL: pool}).ends().obj()
     t0 = time.monotonic()
     await core.create_namespaced_pod(NAMESPACE, pod)
     t_unschedulable = t_withdrawn = t_plan = t_agent = t_slice = t_bound = t_running = 0.0
@@ -116,7 +86,7 @@ async def one_pod(api: client.ApiClient, node: str, i: int, pool: str) -> Sample
         if now - t0 > 120:
             raise TimeoutError(f"pod {name} not served in 120 s")
         # each state is stamped when the read that shows it returns
-        mn = await custom.get_cluster_custom_object("migpart.io", "v1alpha1", "mignodes", node)
+        mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
         seen = time.monotonic()
         plan = (mn.get("spec") or {}).get("planId")
         if not t_plan and plan and plan != old_plan:
@@ -174,7 +144,7 @@ async def wait_unprepared(
     """Until the deleted pod is gone and no instance of the node is still prepared."""
     for _ in range(1200):
         pods = await core.list_namespaced_pod(NAMESPACE, field_selector=f"metadata.name={pod}")
-        mn = await custom.get_cluster_custom_object("migpart.io", "v1alpha1", "mignodes", node)
+        mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
         states = [
             i["state"]
             for g in (mn.get("status") or {}).get("gpus", [])
@@ -197,9 +167,7 @@ async def plan_seconds(custom: client.CustomObjectsApi, pool: str, plan_id: str)
     The status is written after the spec, so it can lag the pod being bound by a moment.
     """
     for _ in range(200):
-        policy = await custom.get_cluster_custom_object(
-            "migpart.io", "v1alpha1", "gpupartitionpolicies", pool
-        )
+        policy = await custom.get_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, pool)
         last = (policy.get("status") or {}).get("lastPlan") or {}
         if last.get("planId") == plan_id:
             return float(last["durationMillis"]) / 1000
@@ -263,19 +231,19 @@ def main() -> int:
         testbed.kubectl("create", "namespace", NAMESPACE)
         for pool, latency in (("fast", 0.0), ("slow", args.latency_ms)):
             cluster.add_gpu_node(
-                f"{pool}-node", "NVIDIA H100 80GB HBM3:1", {"migpart.io/pool": pool}, latency
+                f"{pool}-node", "NVIDIA H100 80GB HBM3:1", {POOL_LABEL: pool}, latency
             )
-            testbed.kubectl(
-                "apply",
-                "-f",
-                "-",
-                input=(
-                    "apiVersion: migpart.io/v1alpha1\nkind: GpuPartitionPolicy\n"
-                    f"metadata: {{name: {pool}}}\nspec:\n  nodeSelector: {{matchLabels: "
-                    f"{{migpart.io/pool: {pool}}}}}\n  reconfiguration: {{batchWindowSeconds: "
-                    f"{args.batch_window}, maxConcurrentNodes: 1}}\n"
-                ),
+            policy = (
+                PolicyBuilder(pool)
+                .pool({POOL_LABEL: pool})
+                .spec(
+                    reconfiguration={
+                        "batchWindowSeconds": args.batch_window,
+                        "maxConcurrentNodes": 1,
+                    }
+                )
             )
+            testbed.kubectl("apply", "-f", "-", input=json.dumps(policy.obj()))
         cluster.wait_for(
             "agents",
             lambda: (

@@ -24,83 +24,50 @@ import sys
 import time
 from typing import Any
 
-from migpart.api.models import GpuStatus, MigNode, MigNodeStatus, ProfileInfo
+from migpart.api.models import MigNodeStatus
 from migpart.controller.scope import Cluster, ScopeCache
+from migpart.dra import DEVICE_CLASS, DRIVER
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import SnapshotCache
-from migpart.mig import builtin_table
 from migpart.planning.planner import plan
+from migpart.testing.builders import (
+    ClaimBuilder,
+    MigNodeBuilder,
+    PolicyBuilder,
+    gpu_status,
+    profile_is,
+)
 
 H100 = "NVIDIA H100 80GB HBM3"
 PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
 CLASS = {
-    "metadata": {"name": "mig.migpart.io"},
-    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mig.migpart.io"'}}]},
+    "metadata": {"name": DEVICE_CLASS},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
 }
 
 
 def mignode(name: str, labels: dict[str, str], revision: int) -> dict[str, Any]:
-    table = builtin_table(H100)
-    gpus = [
-        GpuStatus(
-            index=i,
-            uuid=f"GPU-{name}-{i}",
-            model=H100,
-            mig_enabled=True,
-            compute_slices=table.compute_slices,
-            memory_slices=table.memory_slices,
-            profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
-            instances=[],
-        )
-        for i in range(8)
-    ]
-    node = MigNode(
-        metadata={"name": name, "labels": labels, "resourceVersion": str(revision)},
-        status=MigNodeStatus(gpus=gpus),
-    )
-    return node.model_dump(by_alias=True, exclude_none=True, mode="json")
+    gpus = [gpu_status(i, model=H100, uuid=f"GPU-{name}-{i}") for i in range(8)]
+    node = MigNodeBuilder(name).labels(labels).revision(revision)
+    return node.status(MigNodeStatus(gpus=gpus)).obj()
 
 
 def policy(name: str, pool: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "migpart.io/v1alpha1",
-        "kind": "GpuPartitionPolicy",
-        "metadata": {"name": name, "resourceVersion": "1", "generation": 1, "uid": name},
-        "spec": {
-            "nodeSelector": {"matchLabels": {"pool": pool}},
-            "reconfiguration": {"batchWindowSeconds": 1, "maxConcurrentNodes": 1000},
-        },
-    }
+    policy = PolicyBuilder(name).revision(1).generation(1).uid(name).pool({"pool": pool})
+    return policy.spec(reconfiguration={"batchWindowSeconds": 1, "maxConcurrentNodes": 1000}).obj()
 
 
 def claim(i: int, rng: random.Random, revision: int) -> dict[str, Any]:
     profile = rng.choice(PROFILES)
-    selector = f'device.attributes["mig.migpart.io"].profile == "{profile}"'
-    exactly: dict[str, Any] = {
-        "deviceClassName": "mig.migpart.io",
-        "selectors": [{"cel": {"expression": selector}}],
-    }
-    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    body = ClaimBuilder(f"c{i}", "scale").uid(f"uid-{i}").revision(revision)
     kind = rng.random()
     if kind < 0.1:
-        exactly["count"] = 2
+        body.request(profile_is(profile), count=2)
     elif kind < 0.2:
-        exactly["count"] = 2
-        exactly["selectors"] = [
-            {"cel": {"expression": 'device.attributes["mig.migpart.io"].profile == "1g.10gb"'}}
-        ]
-        devices["constraints"] = [{"matchAttribute": "mig.migpart.io/parentUUID"}]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": f"c{i}",
-            "namespace": "scale",
-            "uid": f"uid-{i}",
-            "resourceVersion": str(revision),
-        },
-        "spec": {"devices": devices},
-    }
+        body.request(profile_is("1g.10gb"), count=2).same_gpu()
+    else:
+        body.request(profile_is(profile))
+    return body.obj()
 
 
 def cluster(nodes: int, rng: random.Random) -> Cluster:
@@ -128,7 +95,7 @@ def cluster(nodes: int, rng: random.Random) -> Cluster:
         policies={"pool-a": policy("pool-a", "a"), "pool-b": policy("pool-b", "b")},
         claims=claims,
         waiting=waiting,
-        device_classes={"mig.migpart.io": CLASS},
+        device_classes={DEVICE_CLASS: CLASS},
         node_facts=facts,
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from migpart.api.models import GROUP
 from migpart.demo.run import DemoRun
 from migpart.demo.trace import accelerate, load_trace
 from migpart.mig import lookup_table
@@ -46,6 +47,6 @@ def crosscheck_run(
         gpus_per_node=GPUS,
         name=name,
         node_prefix=name,
-        labels=dict(labels or {"migpart.io/demo": "true"}),
+        labels=dict(labels or {f"{GROUP}/demo": "true"}),
         namespace=namespace,
     )

@@ -6,7 +6,7 @@ exactly as on a cluster.
 
 Each test gets its own namespace, its own node pool label and its own policy, so tests do not
 see each other's demand. A monitor thread checks the one invariant that matters during every
-test: no device allocated to a claim of a live pod ever disappears from its node.
+test: no device disappears from its node while a claim holds it (migpart.testing.invariants).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from migpart.demo.cluster import LocalCluster
-from migpart.mig import device_name
 from migpart.testbed import Testbed
 from migpart.testbed.kubelet import RUN_SECONDS_ENV
+from migpart.testing.builders import POOL_LABEL, ClaimBuilder, PodBuilder, PolicyBuilder
+from migpart.testing.invariants import DestroyedWhileAllocated
 from tests.testbeds import running_testbed
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -65,40 +66,29 @@ def cluster(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 class InvariantMonitor(threading.Thread):
-    """Polls claims and MigNodes; records any allocated device that vanished from its node."""
+    """Polls claims and MigNodes; records any allocated device that vanished from its node
+    while its claim held it (migpart.testing.invariants, ordered by resourceVersion)."""
 
     def __init__(self, testbed: Testbed) -> None:
         super().__init__(daemon=True)
         self.testbed = testbed
         self.stop_event = threading.Event()
-        self.violations: list[str] = []
-        self.seen: dict[str, set[str]] = {}
+        self.ledger = DestroyedWhileAllocated(every_change=False)
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"{v} destroyed while allocated" for v in self.ledger.violations]
 
     def run(self) -> None:
         while not self.stop_event.wait(0.2):
             self.check()
 
     def check(self) -> None:
-        nodes = json.loads(self.testbed.kubectl("get", "mignodes", "-o", "json"))["items"]
+        # the nodes first: a claim released before a device went shows in the later list
+        nodes = json.loads(self.testbed.kubectl("get", "mignodes", "-o", "json"))
         claims = json.loads(self.testbed.kubectl("get", "resourceclaims", "-A", "-o", "json"))
-        in_use: dict[str, set[str]] = {}
-        for claim in claims["items"]:
-            status = claim.get("status") or {}
-            if not status.get("reservedFor"):
-                continue
-            for r in (status.get("allocation") or {}).get("devices", {}).get("results", []):
-                if r["driver"] == "mig.migpart.io":
-                    in_use.setdefault(r["pool"], set()).add(r["device"])
-        for node in nodes:
-            name = node["metadata"]["name"]
-            present = {
-                device_name(g["index"], i["profile"], i["start"])
-                for g in (node.get("status") or {}).get("gpus", [])
-                for i in g.get("instances", [])
-            }
-            lost = (self.seen.get(name, set()) - present) & in_use.get(name, set())
-            self.violations += [f"{name}/{d} destroyed while allocated" for d in sorted(lost)]
-            self.seen[name] = present
+        self.ledger.mignodes_listed(nodes["items"])
+        self.ledger.claims_listed(claims["items"])
 
 
 @dataclass
@@ -119,24 +109,16 @@ class Scenario:
         self, gpus: str, sim_latency_ms: float = 0.0, labels: dict[str, str] | None = None
     ) -> str:
         name = f"{self.pool}-n{len(self.nodes) + 1}"
-        labels = {"migpart.io/pool": self.pool, **(labels or {})}
+        labels = {POOL_LABEL: self.pool, **(labels or {})}
         self.cluster.add_gpu_node(name, gpus, labels, sim_latency_ms)
         self.nodes.append(name)
         self.cluster.wait_for(f"MigNode {name} inventory", lambda: bool(self.gpus(name)))
         return name
 
     def policy(self, mode: str = "Active", **spec: Any) -> str:
-        body = {
-            "apiVersion": "migpart.io/v1alpha1",
-            "kind": "GpuPartitionPolicy",
-            "metadata": {"name": self.pool},
-            "spec": {
-                "mode": mode,
-                "nodeSelector": {"matchLabels": {"migpart.io/pool": self.pool}},
-                "reconfiguration": {"batchWindowSeconds": 1, "maxConcurrentNodes": 4},
-                **spec,
-            },
-        }
+        policy = PolicyBuilder(self.pool).pool({POOL_LABEL: self.pool}).spec(mode=mode)
+        policy.spec(reconfiguration={"batchWindowSeconds": 1, "maxConcurrentNodes": 4}, **spec)
+        body = policy.obj()
         self.tb.kubectl("apply", "-f", "-", input=json.dumps(body))
         return self.pool
 
@@ -158,53 +140,17 @@ class Scenario:
     def pod(self, name: str, selector: str, count: int = 1, run_s: float | None = None) -> None:
         """A pod with a claim template of `count` MIG devices matching the CEL `selector`.
         Its container runs until the pod is deleted, or exits after `run_s` seconds."""
-        env = [] if run_s is None else [{"name": RUN_SECONDS_ENV, "value": str(run_s)}]
-        template = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "gpu",
-                                "exactly": {
-                                    "deviceClassName": "mig.migpart.io",
-                                    "count": count,
-                                    "selectors": [{"cel": {"expression": selector}}],
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        }
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "env": env,
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "restartPolicy": "Never",
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                # this test's nodes only: earlier tests' free devices must not serve it
-                "nodeSelector": {"migpart.io/pool": self.pool},
-                "terminationGracePeriodSeconds": 0,
-            },
-        }
+        template = ClaimBuilder(name, self.namespace).request(selector, count=count).template()
+        # this test's nodes only: earlier tests' free devices must not serve it
+        pod = PodBuilder(name, self.namespace).claim_template(name).ends()
+        pod.node_selector({POOL_LABEL: self.pool})
+        if run_s is not None:
+            pod.env(RUN_SECONDS_ENV, str(run_s))
         self.tb.kubectl(
             "apply",
             "-f",
             "-",
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [template, pod]}),
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [template, pod.obj()]}),
         )
 
     def allocated(self, pod: str) -> list[dict[str, str]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from migpart.dra import DRIVER
 from migpart.mig import device_name
 from tests.e2e.conftest import H100, H200, Scenario, wait_s
 
@@ -18,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def by_profile(profile: str) -> str:
-    return f'device.attributes["mig.migpart.io"].profile == "{profile}"'
+    return f'device.attributes["{DRIVER}"].profile == "{profile}"'
 
 
 def by_memory(quantity: str) -> str:
-    return f'device.capacity["mig.migpart.io"].memory.compareTo(quantity("{quantity}")) >= 0'
+    return f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{quantity}")) >= 0'
 
 
 def instances(sc: Scenario, node: str, state: str | None = None) -> list[tuple[int, str, str]]:
@@ -230,8 +231,8 @@ def test_cdi_ids_given_to_the_runtime_name_the_allocated_instance(scenario: Scen
     created = [c for c in sim.kubelet.created_containers() if c["podUid"] == pod["metadata"]["uid"]]
     assert [c["container"] for c in created] == ["c"]
     name = f"{claim_uid}-{device['device']}"
-    assert created[0]["cdiDevices"] == [f"mig.migpart.io/mig={name}"]
-    spec = json.loads((sim.dir / "cdi" / f"mig.migpart.io-{claim_uid}.json").read_text())
+    assert created[0]["cdiDevices"] == [f"{DRIVER}/mig={name}"]
+    spec = json.loads((sim.dir / "cdi" / f"{DRIVER}-{claim_uid}.json").read_text())
     [entry] = [d for d in spec["devices"] if d["name"] == name]
     [visible] = [e for e in entry["containerEdits"]["env"] if e.startswith("NVIDIA_VISIBLE_")]
     uuid = visible.split("=", 1)[1]

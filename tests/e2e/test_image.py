@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from migpart.demo.cluster import LocalCluster
+from migpart.dra import DRIVER
 from tests.e2e.conftest import H100, InvariantMonitor, Scenario
 from tests.testbeds import running_testbed
 
@@ -235,9 +236,9 @@ def test_a_pod_is_served_by_the_operator_and_agent_from_the_image(
     try:
         node = scenario.add_node(f"{H100}:1")
         scenario.policy()
-        scenario.pod("served", 'device.attributes["mig.migpart.io"].profile == "3g.40gb"')
+        scenario.pod("served", f'device.attributes["{DRIVER}"].profile == "3g.40gb"')
         devices = scenario.wait_served("served")
-        assert [(d["driver"], d["pool"]) for d in devices] == [("mig.migpart.io", node)]
+        assert [(d["driver"], d["pool"]) for d in devices] == [(DRIVER, node)]
         assert devices[0]["device"].startswith("gpu-0-3g40gb")
         assert scenario.phase("served") == "Running"
     finally:

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from migpart.dra import DRIVER
 from migpart.testbed.build import kube_version
+from migpart.testing.builders import POOL_LABEL
 from tests.e2e.conftest import H100, Scenario, wait_s
 from tests.e2e.test_e2e import by_profile, instances
 
@@ -29,7 +31,7 @@ def test_node_registers_ready_and_leaves_the_host_alone(scenario: Scenario) -> N
     body = scenario.get("node", node)
     assert body["status"]["nodeInfo"]["kubeletVersion"] == f"v{kube_version()}"
     assert body["metadata"]["labels"]["team"] == "a"
-    assert body["metadata"]["labels"]["migpart.io/pool"] == scenario.pool
+    assert body["metadata"]["labels"][POOL_LABEL] == scenario.pool
     assert not body["spec"].get("taints")
     assert [c["status"] for c in body["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
     # the kubelet's sysctls and its root dir's bind mount stay in its own mount namespace
@@ -101,7 +103,7 @@ def test_killed_agent_slice_is_wiped_not_republished_and_back_with_the_agent(
 def mig_slice(scenario: Scenario, node: str) -> dict[str, Any] | None:
     """The node's ResourceSlice of our driver, if any."""
     items = scenario.get("resourceslices", f"--field-selector=spec.nodeName={node}")["items"]
-    ours = [s for s in items if s["spec"]["driver"] == "mig.migpart.io"]
+    ours = [s for s in items if s["spec"]["driver"] == DRIVER]
     assert len(ours) <= 1, ours
     return ours[0] if ours else None
 

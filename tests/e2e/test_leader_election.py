@@ -37,7 +37,7 @@ _pairs = itertools.count(1)
 
 
 def by_profile(profile: str) -> str:
-    return f'device.attributes["mig.migpart.io"].profile == "{profile}"'
+    return f'device.attributes["{DRIVER}"].profile == "{profile}"'
 
 
 @dataclass

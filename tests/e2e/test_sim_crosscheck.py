@@ -14,6 +14,7 @@ import pytest
 
 from migpart.demo.compare import comparison_line, measured, simulated
 from migpart.demo.run import apply_policy, replay, start_nodes
+from migpart.testing.builders import POOL_LABEL
 from tests.crosscheck import PODS, TOLERANCE, crosscheck_run
 from tests.e2e.conftest import Scenario
 
@@ -21,9 +22,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_simulator_agrees_with_the_testbed(scenario: Scenario) -> None:
-    run = crosscheck_run(
-        scenario.pool, {"migpart.io/pool": scenario.pool}, namespace=scenario.namespace
-    )
+    run = crosscheck_run(scenario.pool, {POOL_LABEL: scenario.pool}, namespace=scenario.namespace)
     scenario.nodes += run.node_names  # removed after the test, started or not
     start_nodes(scenario.cluster, run)
     apply_policy(scenario.cluster, run)

@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
+from migpart.api.models import GROUP
 from migpart.demo.cluster import LocalCluster
+from migpart.dra import DRIVER
 from migpart.testbed.build import kube_version
 from tests.e2e.conftest import H100, InvariantMonitor, Scenario, wait_s
 from tests.e2e.test_e2e import by_profile, instances
@@ -31,7 +33,7 @@ from tests.tools import CHART, run
 pytestmark = pytest.mark.e2e
 
 NAMESPACE = "migpart-system"
-CRDS = ("crd/gpupartitionpolicies.migpart.io", "crd/mignodes.migpart.io")
+CRDS = (f"crd/gpupartitionpolicies.{GROUP}", f"crd/mignodes.{GROUP}")
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ def test_uninstall_leaves_running_pods_their_devices(scenario: Scenario) -> None
     assert scenario.phase("served") == "Running"
     assert scenario.allocated("served") == devices
     # The DeviceClass is gone; the MigNode stays with its last status (its CRD is kept).
-    assert not tb.kubectl("get", "deviceclass", "mig.migpart.io", "--ignore-not-found").strip()
+    assert not tb.kubectl("get", "deviceclass", DRIVER, "--ignore-not-found").strip()
     assert (0, "3g.40gb", "Prepared") in instances(scenario, node)
     assert tb.kubectl("get", "gpupartitionpolicy", scenario.pool, "-o", "name").strip()
     # The kubelet deletes the node's slice once the plugin is gone; nobody publishes it again.
@@ -100,7 +102,7 @@ def test_uninstall_leaves_running_pods_their_devices(scenario: Scenario) -> None
     # The CRDs too (kubectl delete -k manifests/, or removing the kept CRDs by hand): every
     # policy and MigNode goes with them. The running pod still keeps its device.
     tb.kubectl("delete", *CRDS, "--wait=true", "--timeout=120s")
-    assert not tb.kubectl("get", "crd", "-o", "name").count("migpart.io")
+    assert not tb.kubectl("get", "crd", "-o", "name").count(GROUP)
     assert scenario.phase("served") == "Running"
     assert scenario.allocated("served") == devices
 
@@ -113,7 +115,7 @@ def test_uninstall_leaves_running_pods_their_devices(scenario: Scenario) -> None
     for kind, name in (("pod", "served"), ("resourceclaim", claim)):
         scenario.eventually(f"{kind} {name} deleted", lambda k=kind, n=name: gone(scenario, k, n))
     node_dir = scenario.cluster.nodes[node].dir
-    assert list((node_dir / "cdi").glob("mig.migpart.io-*.json"))
+    assert list((node_dir / "cdi").glob(f"{DRIVER}-*.json"))
     assert json.loads((node_dir / "state" / "checkpoint.json").read_text())["claims"]
     # The GPU (the simulator's NVML, saved where the agent left it) still has the instance.
     gpu = json.loads((node_dir / "state" / "simulated-nvml.json").read_text())["0"]

@@ -14,6 +14,7 @@ from typing import IO, Any
 
 import pytest
 
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     H100,
@@ -111,7 +112,7 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
 
 
 def devices(bed: Testbed, node: str) -> list[str]:
-    got = get_or_none(bed, "resourceslice", f"{node}-mig.migpart.io")
+    got = get_or_none(bed, "resourceslice", f"{node}-{DRIVER}")
     return sorted(d["name"] for d in ((got or {}).get("spec") or {}).get("devices") or [])
 
 

@@ -25,13 +25,27 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 from migpart.agent.lease import micro_time
 from migpart.api.leases import LEASE_LABELS, LEASE_NAMESPACE, lease_name
-from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus, ProfileInfo
+from migpart.api.models import (
+    GROUP,
+    MIGNODE_PLURAL,
+    POLICY_PLURAL,
+    GpuStatus,
+    MigNodeStatus,
+)
 from migpart.clock import RealClock
 from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.metrics import Metrics
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
-from migpart.mig import builtin_table
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
+from migpart.testing import builders
+from migpart.testing.builders import (
+    ClaimBuilder,
+    MigNodeBuilder,
+    PodBuilder,
+    PolicyBuilder,
+    profile_is,
+)
 from tests.testbeds import running_testbed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +77,7 @@ def eventually(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.2
         time.sleep(interval)
 
 
-PROFILE_IS = 'device.attributes["mig.migpart.io"].profile == "{}"'
+PROFILE_IS = profile_is("{}")
 
 
 def events(bed: Testbed, name: str, namespace: str = "") -> list[dict[str, Any]]:
@@ -103,20 +117,8 @@ def patch_status(bed: Testbed, kind: str, name: str, status: dict[str, Any], *ns
 
 def gpu_status(index: int, instances: list[tuple[str, int]], model: str = H100) -> GpuStatus:
     """A GPU as the agent reports it, with the profile table of the built-in catalog."""
-    table = builtin_table(model)
-    return GpuStatus(
-        index=index,
-        uuid=f"GPU-{index:08d}-test",
-        model=model,
-        mig_enabled=True,
-        compute_slices=table.compute_slices,
-        memory_slices=table.memory_slices,
-        profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
-        instances=[
-            MigInstanceStatus(profile=p, start=s, uuid=f"MIG-{index}-{p}-{s}", state="Free")
-            for p, s in instances
-        ],
-    )
+    free = [(p, s, "Free") for p, s in instances]
+    return builders.gpu_status(index, *free, model=model, uuid=f"GPU-{index:08d}-test")
 
 
 def put_mignode(
@@ -127,14 +129,10 @@ def put_mignode(
     observed_plan_id: str | None = None,
 ) -> None:
     """Create/refresh MigNode `name` and write its status as the agent would."""
-    body: dict[str, Any] = {
-        "apiVersion": "migpart.io/v1alpha1",
-        "kind": "MigNode",
-        "metadata": {"name": name},
-    }
+    node = MigNodeBuilder(name)
     if spec is not None:
-        body["spec"] = spec
-    apply(bed, body)
+        node.spec(spec)
+    apply(bed, node.obj())
     renew_lease(bed, name)
     status = MigNodeStatus(observed_plan_id=observed_plan_id, gpus=gpus)
     patch_status(
@@ -160,24 +158,7 @@ def renew_lease(bed: Testbed, node: str) -> None:
 
 
 def claim_body(name: str, namespace: str, expression: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": "mig.migpart.io",
-                            "selectors": [{"cel": {"expression": expression}}],
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    return ClaimBuilder(name, namespace).request(expression).obj()
 
 
 def pending_pod(
@@ -190,41 +171,15 @@ def pending_pod(
 ) -> None:
     """A pod using `claim`, left to a scheduler that does not exist, then marked
     Unschedulable the way kube-scheduler marks it."""
-    extra = {"priorityClassName": priority_class} if priority_class else {}
-    apply(
-        bed,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "nodeSelector": node_selector or {},
-                "schedulerName": "migpart-test-no-scheduler",
-                **extra,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                "containers": [
-                    {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
-                ],
-            },
-        },
+    pod = PodBuilder(name, namespace).container("main", "busybox").claim(claim)
+    pod.node_selector(node_selector or {}).spec(schedulerName="migpart-test-no-scheduler")
+    if priority_class:
+        pod.spec(priorityClassName=priority_class)
+    apply(bed, pod.obj())
+    unschedulable = PodBuilder(name).unschedulable(
+        "0/1 nodes are available: cannot allocate all claims"
     )
-    patch_status(
-        bed,
-        "pod",
-        name,
-        {
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": "Unschedulable",
-                    "message": "0/1 nodes are available: cannot allocate all claims",
-                }
-            ]
-        },
-        "-n",
-        namespace,
-    )
+    patch_status(bed, "pod", name, unschedulable.obj()["status"], "-n", namespace)
 
 
 def allocate(bed: Testbed, claim: str, namespace: str, node: str, device: str) -> None:
@@ -239,7 +194,7 @@ def allocate(bed: Testbed, claim: str, namespace: str, node: str, device: str) -
                     "results": [
                         {
                             "request": "gpu",
-                            "driver": "mig.migpart.io",
+                            "driver": DRIVER,
                             "pool": node,
                             "device": device,
                         }
@@ -262,12 +217,7 @@ def allocate(bed: Testbed, claim: str, namespace: str, node: str, device: str) -
 
 
 def policy_body(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "migpart.io/v1alpha1",
-        "kind": "GpuPartitionPolicy",
-        "metadata": {"name": name},
-        "spec": {"nodeSelector": {"matchLabels": labels}, **spec},
-    }
+    return PolicyBuilder(name).pool(labels).spec(**spec).obj()
 
 
 @pytest.fixture
@@ -293,7 +243,7 @@ def cluster(testbed: Testbed) -> Testbed:
     """The testbed with migpart's CRDs Established and its DeviceClass applied."""
     for crd in sorted((ROOT / "crds").glob("*.yaml")):
         testbed.kubectl("apply", "--server-side", "-f", str(crd))
-    for crd in ("gpupartitionpolicies.migpart.io", "mignodes.migpart.io"):
+    for crd in (f"{POLICY_PLURAL}.{GROUP}", f"{MIGNODE_PLURAL}.{GROUP}"):
         testbed.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
     testbed.kubectl("apply", "--server-side", "-f", str(ROOT / "manifests" / "deviceclass.yaml"))
     eventually(lambda: "default" in testbed.kubectl("get", "namespaces", "-o", "name"))

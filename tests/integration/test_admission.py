@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from migpart.api.leases import LEASE_NAMESPACE, lease_name
+from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.testbed import Testbed
+from migpart.testing.builders import MigNodeBuilder, PodBuilder
 from tests.integration.conftest import eventually, gpu_status
 
 pytestmark = pytest.mark.integration
@@ -27,21 +29,13 @@ NAMESPACE = "migpart-system"
 AGENT = "migpart-agent"
 OPERATOR = "migpart-operator"
 NODES = ("adm-node-a", "adm-node-b")
-MIGNODES = "/apis/migpart.io/v1alpha1/mignodes"
+MIGNODES = f"/apis/{GROUP}/{VERSION}/{MIGNODE_PLURAL}"
 
 
 def agent_pod(bed: Testbed, name: str, node: str, namespace: str = NAMESPACE) -> None:
     """A pod of the agent's service account bound to `node` (it never runs: no kubelet)."""
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": AGENT,
-            "containers": [{"name": "agent", "image": "migpart:0.1.0"}],
-        },
-    }
+    pod = PodBuilder(name, namespace).container("agent", "migpart:0.1.0")
+    body = pod.spec(nodeName=node, serviceAccountName=AGENT).obj()
     bed.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(body))
 
 
@@ -77,7 +71,7 @@ def call(bed: Testbed, token: str, method: str, path: str, body: Any) -> tuple[i
 
 
 def create_mignode(bed: Testbed, token: str, node: str) -> tuple[int, str]:
-    body = {"apiVersion": "migpart.io/v1alpha1", "kind": "MigNode", "metadata": {"name": node}}
+    body = MigNodeBuilder(node).obj()
     return call(bed, token, "POST", MIGNODES, body)
 
 

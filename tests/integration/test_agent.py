@@ -19,7 +19,9 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.claims import ClaimNotFound, KubeClaims
 from migpart.agent.simulator import SimulatedNvml
-from migpart.dra import AllocatedDevice
+from migpart.api.models import GROUP
+from migpart.dra import DRIVER, AllocatedDevice
+from migpart.testing.builders import ClaimBuilder
 from tests.stopping import stop_async_process, stop_task
 
 if TYPE_CHECKING:
@@ -36,9 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def crds(testbed: Testbed) -> Testbed:
     testbed.kubectl("apply", "-f", str(REPO / "crds"))
-    testbed.kubectl(
-        "wait", "--for=condition=established", "--timeout=60s", "crd/mignodes.migpart.io"
-    )
+    testbed.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/mignodes.{GROUP}")
     return testbed
 
 
@@ -207,16 +207,7 @@ async def test_kube_claims_reads_allocation_from_the_api_server(
     crds: Testbed, api: ApiClient
 ) -> None:
     ns = "default"
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "agent-it-claim", "namespace": ns},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.migpart.io"}}]
-            }
-        },
-    }
+    claim = ClaimBuilder("agent-it-claim", ns).request().obj()
     await asyncio.to_thread(crds.kubectl, "apply", "-f", "-", input=json.dumps(claim))
     body = await kubectl_json(crds, "get", "resourceclaim", "agent-it-claim", "-n", ns)
     assert body is not None
@@ -224,22 +215,8 @@ async def test_kube_claims_reads_allocation_from_the_api_server(
     source = KubeClaims(api)
     with pytest.raises(ClaimNotFound, match="not allocated"):
         await source.allocation(ns, "agent-it-claim", uid)
-    allocation = {
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "gpu",
-                            "driver": "mig.migpart.io",
-                            "pool": "node-x",
-                            "device": "gpu-0-1g10gb-3",
-                        },
-                    ]
-                }
-            }
-        }
-    }
+    allocated = ClaimBuilder("agent-it-claim").allocated("node-x", "gpu-0-1g10gb-3")
+    allocation = {"status": allocated.obj()["status"]}
     await asyncio.to_thread(
         crds.kubectl,
         "patch",
@@ -253,7 +230,7 @@ async def test_kube_claims_reads_allocation_from_the_api_server(
         json.dumps(allocation),
     )
     assert await source.allocation(ns, "agent-it-claim", uid) == [
-        AllocatedDevice("gpu", "mig.migpart.io", "node-x", "gpu-0-1g10gb-3")
+        AllocatedDevice("gpu", DRIVER, "node-x", "gpu-0-1g10gb-3")
     ]
     with pytest.raises(ClaimNotFound, match="UID"):
         await source.allocation(ns, "agent-it-claim", "some-other-uid")
@@ -305,7 +282,7 @@ async def test_migpart_agent_command_runs_on_the_simulator(crds: Testbed, short_
     try:
         obj = await until(crds, node, lambda o: len(o.get("status", {}).get("gpus", [])) == 2)
         assert [g["model"] for g in obj["status"]["gpus"]] == [H100, "NVIDIA H200"]
-        assert (short_dir / "registry" / "mig.migpart.io-reg.sock").exists()
+        assert (short_dir / "registry" / f"{DRIVER}-reg.sock").exists()
         assert (short_dir / "plugin" / "dra.sock").exists()
         async with aiohttp.ClientSession() as http:
             while True:  # readiness follows the first status write
@@ -318,4 +295,4 @@ async def test_migpart_agent_command_runs_on_the_simulator(crds: Testbed, short_
     finally:
         _, stderr = await stop_async_process(proc, "migpart agent")
     assert proc.returncode == 0, stderr.decode()[-2000:]
-    assert not (short_dir / "registry" / "mig.migpart.io-reg.sock").exists()
+    assert not (short_dir / "registry" / f"{DRIVER}-reg.sock").exists()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed, TestbedError
 from tests.integration.conftest import (
     PROFILE_IS,
@@ -29,8 +30,8 @@ from tests.integration.conftest import (
 
 pytestmark = pytest.mark.integration
 
-ATTR = 'device.attributes["mig.migpart.io"]'
-CAP = 'device.capacity["mig.migpart.io"]'
+ATTR = f'device.attributes["{DRIVER}"]'
+CAP = f'device.capacity["{DRIVER}"]'
 LABELS = {"migpart-test": "bad-claims"}
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus
 from migpart.testbed import Testbed
+from migpart.testing.builders import MigNodeBuilder
 from tests.integration.conftest import (
     PROFILE_IS,
     RunningOperator,
@@ -62,7 +63,7 @@ HOSTILE: dict[str, tuple[list[GpuStatus], str]] = {
 
 def _put_status_from_file(bed: Testbed, name: str, gpus: list[GpuStatus], tmp: Path) -> None:
     """put_mignode for a status too large for a command line."""
-    apply(bed, {"apiVersion": "migpart.io/v1alpha1", "kind": "MigNode", "metadata": {"name": name}})
+    apply(bed, MigNodeBuilder(name).obj())
     status = MigNodeStatus(gpus=gpus).model_dump(by_alias=True, exclude_none=True, mode="json")
     patch = tmp / f"{name}.json"
     patch.write_text(json.dumps({"status": status}))

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from migpart.api.models import GpuPartitionPolicySpec
+from migpart.api.models import GROUP, VERSION, GpuPartitionPolicySpec
 from migpart.testbed import Testbed, TestbedError
 from tests.integration.conftest import RunningOperator, eventually, get, gpu_status, put_mignode
 
@@ -104,7 +104,7 @@ def _path(loc: tuple[int | str, ...]) -> str:
 
 def _policy(spec: dict[str, Any]) -> str:
     body = {
-        "apiVersion": "migpart.io/v1alpha1",
+        "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "GpuPartitionPolicy",
         "metadata": {"name": NAME},
         "spec": spec,

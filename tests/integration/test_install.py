@@ -27,6 +27,8 @@ import pytest
 import yaml
 
 from migpart.api.leases import LEASE_NAMESPACE, lease_name
+from migpart.api.models import GROUP
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
 from tests.integration.conftest import eventually
@@ -44,7 +46,7 @@ from tests.tools import CHART, MANIFESTS, ROOT, run
 pytestmark = pytest.mark.integration
 
 PROMETHEUS_CRDS = sorted((ROOT / "tests" / "fixtures" / "prometheus-operator").glob("*.yaml"))
-MIGPART_CRDS = ("gpupartitionpolicies.migpart.io", "mignodes.migpart.io")
+MIGPART_CRDS = (f"gpupartitionpolicies.{GROUP}", f"mignodes.{GROUP}")
 NODES = ("inst-node-a", "inst-node-b")
 DIGEST = "sha256:" + "0f" * 32
 
@@ -153,7 +155,7 @@ def test_samples_pass_a_server_side_dry_run_once_the_crds_exist(bed: Testbed) ->
     )
     manifest = rendered("migpart-system", "--set", "samples.enabled=true,crds.enabled=false")
     out = bed.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=manifest)
-    assert "gpupartitionpolicy.migpart.io/inference-pool serverside-applied (server dry run)" in out
+    assert f"gpupartitionpolicy.{GROUP}/inference-pool serverside-applied (server dry run)" in out
     for crd in MIGPART_CRDS:
         bed.kubectl("delete", "crd", crd, "--wait=true")
 
@@ -290,4 +292,4 @@ def test_chart_in_another_namespace_keeps_agents_confined(bed: Testbed) -> None:
     assert not bed.kubectl(
         "get", "validatingadmissionpolicies", "--ignore-not-found", "-o", "name"
     ).strip()
-    assert not bed.kubectl("get", "deviceclass", "mig.migpart.io", "--ignore-not-found").strip()
+    assert not bed.kubectl("get", "deviceclass", DRIVER, "--ignore-not-found").strip()

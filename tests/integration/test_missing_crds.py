@@ -20,6 +20,8 @@ from typing import IO, Any
 
 import pytest
 
+from migpart.api.models import GROUP, VERSION
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.run import free_port
 from tests.integration.conftest import H100, ROOT, eventually, get_or_none, policy_body
@@ -114,7 +116,7 @@ def test_agent_and_operator_wait_for_their_crds(bare: Testbed, tmp_path: Path) -
     try:
         for process in (agent, operator):
             told = eventually(lambda p=process: p.events("resource_not_served"))  # type: ignore[misc]
-            assert "mignodes.migpart.io/v1alpha1" in json.dumps(told[0])
+            assert f"mignodes.{GROUP}/{VERSION}" in json.dumps(told[0])
             assert told[0]["retry"].startswith("with back-off")
         time.sleep(4)  # a few retries later: still alive, still unready, told only once
         assert agent.proc.poll() is None, agent.log_path.read_text()[-3000:]
@@ -146,7 +148,7 @@ def test_agent_and_operator_wait_for_their_crds(bare: Testbed, tmp_path: Path) -
         )
 
         def published() -> bool:
-            got = get_or_none(bare, "resourceslice", f"{NODE}-mig.migpart.io")
+            got = get_or_none(bare, "resourceslice", f"{NODE}-{DRIVER}")
             assert got is not None
             names = [d["name"] for d in got["spec"].get("devices") or []]
             assert any("1g10gb" in n for n in names), names

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     PROFILE_IS,
@@ -35,7 +36,7 @@ BIG = "gpu-0-7g80gb-0"
 
 
 def _slice_devices(bed: Testbed, node: str) -> list[str]:
-    body = get_or_none(bed, "resourceslice", f"{node}-mig.migpart.io")
+    body = get_or_none(bed, "resourceslice", f"{node}-{DRIVER}")
     return sorted(d["name"] for d in ((body or {}).get("spec") or {}).get("devices") or [])
 
 

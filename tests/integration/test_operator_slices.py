@@ -7,6 +7,7 @@ import time
 import pytest
 
 from migpart.controller.state import OperatorState
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     RunningOperator,
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def _slice(bed: Testbed, node: str) -> dict | None:
-    return get_or_none(bed, "resourceslice", f"{node}-mig.migpart.io")
+    return get_or_none(bed, "resourceslice", f"{node}-{DRIVER}")
 
 
 def _published(bed: Testbed, node: str, devices: int) -> dict:
@@ -45,7 +46,7 @@ def test_status_change_publishes_slice_with_next_generation(
 
     first = _published(cluster, node, 1)
     spec = first["spec"]
-    assert spec["driver"] == "mig.migpart.io"
+    assert spec["driver"] == DRIVER
     assert spec["nodeName"] == node
     assert spec["pool"]["name"] == node
     assert spec["pool"]["resourceSliceCount"] == 1
@@ -106,7 +107,7 @@ def test_a_lost_slice_is_published_again_and_mignodes_carry_no_finalizer(
     put_mignode(cluster, node, [gpu_status(0, [("3g.40gb", 0)])])
     _published(cluster, node, 1)
     # Someone deletes it (or a write failed): the periodic resync writes it again, unasked.
-    cluster.kubectl("delete", "resourceslice", f"{node}-mig.migpart.io")
+    cluster.kubectl("delete", "resourceslice", f"{node}-{DRIVER}")
 
     again = _published(cluster, node, 1)
     assert [d["name"] for d in again["spec"]["devices"]] == ["gpu-0-3g40gb-0"]
@@ -130,7 +131,7 @@ def test_the_resync_reads_no_slice_that_is_as_it_should_be(
     time.sleep(3)  # three resyncs at the fixture's 1 s period
     assert state.publisher.reads == reads
     # and a slice deleted by someone else comes back (from the watch's DELETED event)
-    cluster.kubectl("delete", "resourceslice", f"{node}-mig.migpart.io")
+    cluster.kubectl("delete", "resourceslice", f"{node}-{DRIVER}")
     assert [d["name"] for d in _published(cluster, node, 1)["spec"]["devices"]] == [
         "gpu-0-1g10gb-0"
     ]

@@ -22,6 +22,7 @@ from migpart.agent.app import AgentConfig, serve
 from migpart.agent.proto import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from migpart.agent.simulator import SimulatedNvml
 from migpart.controller.state import OperatorState
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import H100, RunningOperator, get_or_none
 from tests.integration.test_agent import running_agent
@@ -68,7 +69,7 @@ def _config(root: Path) -> AgentConfig:
 
 
 def _devices(bed: Testbed) -> list[str] | None:
-    got = get_or_none(bed, "resourceslice", f"{NODE}-mig.migpart.io")
+    got = get_or_none(bed, "resourceslice", f"{NODE}-{DRIVER}")
     if got is None:
         return None
     return sorted(d["name"] for d in got["spec"].get("devices") or [])
@@ -95,11 +96,11 @@ async def test_devices_are_published_once_kubelet_registered_the_plugin(
         await asyncio.sleep(2)  # what the operator would need to publish it
         assert not _devices(cluster)
 
-        socket = config.registration_dir / "mig.migpart.io-reg.sock"
+        socket = config.registration_dir / f"{DRIVER}-reg.sock"
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
             registration = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
             info = await registration.GetInfo(pluginregistration_v1_pb2.InfoRequest())
-            assert info.name == "mig.migpart.io"
+            assert info.name == DRIVER
             await registration.NotifyRegistrationStatus(
                 pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True)
             )
@@ -113,13 +114,13 @@ async def test_devices_are_published_once_kubelet_registered_the_plugin(
 
 
 def _generation(bed: Testbed) -> int:
-    got = get_or_none(bed, "resourceslice", f"{NODE}-mig.migpart.io") or {}
+    got = get_or_none(bed, "resourceslice", f"{NODE}-{DRIVER}") or {}
     return int(got["spec"]["pool"]["generation"])
 
 
 async def _register(config: AgentConfig) -> None:
     """kubelet's part: GetInfo, then NotifyRegistrationStatus(registered)."""
-    socket = config.registration_dir / "mig.migpart.io-reg.sock"
+    socket = config.registration_dir / f"{DRIVER}-reg.sock"
     async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
         registration = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
         await registration.GetInfo(pluginregistration_v1_pb2.InfoRequest())

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from migpart.api.models import GROUP, VERSION
 from migpart.testbed import Testbed, TestbedError
 
 pytestmark = pytest.mark.integration
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.integration
 def _policy(spec: dict[str, Any]) -> str:
     return json.dumps(
         {
-            "apiVersion": "migpart.io/v1alpha1",
+            "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "GpuPartitionPolicy",
             "metadata": {"name": "bad-policy"},
             "spec": spec,

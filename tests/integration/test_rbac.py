@@ -14,6 +14,7 @@ import json
 import pytest
 
 from migpart.api.leases import LEASE_NAMESPACE
+from migpart.api.models import GROUP
 from migpart.testbed import Testbed
 
 pytestmark = pytest.mark.integration
@@ -31,8 +32,8 @@ OPERATOR_ROWS: list[Row] = [
     (OPERATOR, "watch", "", "pods", "", True),
     (OPERATOR, "create", "resource.k8s.io", "resourceslices", "", True),
     (OPERATOR, "update", "resource.k8s.io", "resourceslices", "", True),
-    (OPERATOR, "patch", "migpart.io", "mignodes", "", True),
-    (OPERATOR, "patch", "migpart.io", "gpupartitionpolicies", "status", True),
+    (OPERATOR, "patch", GROUP, "mignodes", "", True),
+    (OPERATOR, "patch", GROUP, "gpupartitionpolicies", "status", True),
     (OPERATOR, "create", "", "events", "", True),
     # may not
     (OPERATOR, "get", "", "secrets", "", False),
@@ -44,11 +45,11 @@ OPERATOR_ROWS: list[Row] = [
     (OPERATOR, "delete", "", "pods", "", False),
     (OPERATOR, "update", "resource.k8s.io", "resourceclaims", "status", False),
     (OPERATOR, "delete", "resource.k8s.io", "resourceslices", "", False),
-    (OPERATOR, "create", "migpart.io", "gpupartitionpolicies", "", False),
-    (OPERATOR, "patch", "migpart.io", "gpupartitionpolicies", "", False),
-    (OPERATOR, "delete", "migpart.io", "gpupartitionpolicies", "", False),
-    (OPERATOR, "patch", "migpart.io", "mignodes", "status", True),  # the Stale condition
-    (OPERATOR, "delete", "migpart.io", "mignodes", "", False),
+    (OPERATOR, "create", GROUP, "gpupartitionpolicies", "", False),
+    (OPERATOR, "patch", GROUP, "gpupartitionpolicies", "", False),
+    (OPERATOR, "delete", GROUP, "gpupartitionpolicies", "", False),
+    (OPERATOR, "patch", GROUP, "mignodes", "status", True),  # the Stale condition
+    (OPERATOR, "delete", GROUP, "mignodes", "", False),
     (OPERATOR, "create", "rbac.authorization.k8s.io", "clusterrolebindings", "", False),
     (OPERATOR, "patch", "", "nodes", "", False),
 ]
@@ -56,23 +57,23 @@ OPERATOR_ROWS: list[Row] = [
 AGENT_ROWS: list[Row] = [
     # may (for its own node only: the admission policy)
     (AGENT, "get", "", "nodes", "", True),
-    (AGENT, "create", "migpart.io", "mignodes", "", True),
-    (AGENT, "watch", "migpart.io", "mignodes", "", True),
-    (AGENT, "patch", "migpart.io", "mignodes", "status", True),
+    (AGENT, "create", GROUP, "mignodes", "", True),
+    (AGENT, "watch", GROUP, "mignodes", "", True),
+    (AGENT, "patch", GROUP, "mignodes", "status", True),
     (AGENT, "get", "resource.k8s.io", "resourceclaims", "", True),
     # may not
     (AGENT, "get", "", "secrets", "", False),
     (AGENT, "list", "", "secrets", "", False),
-    (AGENT, "create", "migpart.io", "gpupartitionpolicies", "", False),
-    (AGENT, "patch", "migpart.io", "gpupartitionpolicies", "", False),
-    (AGENT, "delete", "migpart.io", "gpupartitionpolicies", "", False),
-    (AGENT, "patch", "migpart.io", "gpupartitionpolicies", "status", False),
+    (AGENT, "create", GROUP, "gpupartitionpolicies", "", False),
+    (AGENT, "patch", GROUP, "gpupartitionpolicies", "", False),
+    (AGENT, "delete", GROUP, "gpupartitionpolicies", "", False),
+    (AGENT, "patch", GROUP, "gpupartitionpolicies", "status", False),
     (AGENT, "create", "resource.k8s.io", "resourceslices", "", False),
     (AGENT, "update", "resource.k8s.io", "resourceslices", "", False),
     (AGENT, "delete", "resource.k8s.io", "resourceslices", "", False),
-    (AGENT, "patch", "migpart.io", "mignodes", "", False),
-    (AGENT, "update", "migpart.io", "mignodes", "", False),
-    (AGENT, "delete", "migpart.io", "mignodes", "", False),
+    (AGENT, "patch", GROUP, "mignodes", "", False),
+    (AGENT, "update", GROUP, "mignodes", "", False),
+    (AGENT, "delete", GROUP, "mignodes", "", False),
     (AGENT, "update", "resource.k8s.io", "resourceclaims", "status", False),
     (AGENT, "list", "resource.k8s.io", "resourceclaims", "", False),
     (AGENT, "patch", "", "nodes", "", False),

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
+from migpart.testing.builders import PodBuilder
 from tests.integration.conftest import (
     PROFILE_IS,
     apply,
@@ -30,7 +32,7 @@ NO_RESYNC_S = 3600.0
 
 
 def _slice(bed: Testbed, node: str) -> dict[str, Any] | None:
-    return get_or_none(bed, "resourceslice", f"{node}-mig.migpart.io")
+    return get_or_none(bed, "resourceslice", f"{node}-{DRIVER}")
 
 
 def _devices(got: dict[str, Any] | None) -> list[str]:
@@ -55,7 +57,7 @@ def test_a_wiped_slice_comes_back_at_a_newer_generation_that_the_scheduler_uses(
             lambda: len(_devices(_slice(cluster, node))) == 2 and _slice(cluster, node)
         )
         # kubelet wipes its node's slices when it starts
-        cluster.kubectl("delete", "resourceslice", f"{node}-mig.migpart.io")
+        cluster.kubectl("delete", "resourceslice", f"{node}-{DRIVER}")
         again = eventually(lambda: _slice(cluster, node))
         assert _devices(again) == ["gpu-0-1g10gb-0", "gpu-0-1g10gb-1"]
         assert _generation(again) > _generation(before)
@@ -65,22 +67,11 @@ def test_a_wiped_slice_comes_back_at_a_newer_generation_that_the_scheduler_uses(
         apply(cluster, claim_body("wipe-claim", "default", PROFILE_IS.format("1g.10gb")))
         apply(
             cluster,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "wipe-pod", "namespace": "default"},
-                "spec": {
-                    "nodeSelector": {"migpart-test": "wipe"},
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "wipe-claim"}],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "busybox",
-                            "resources": {"claims": [{"name": "gpu"}]},
-                        }
-                    ],
-                },
-            },
+            PodBuilder("wipe-pod", "default")
+            .container("main", "busybox")
+            .claim("wipe-claim")
+            .node_selector({"migpart-test": "wipe"})
+            .obj(),
         )
 
         def allocated() -> list[dict[str, Any]]:
@@ -109,7 +100,7 @@ def test_an_unavailable_node_gets_no_devices_and_no_slice_back(cluster: Testbed)
         )
         assert _generation(emptied) > _generation(first)
         # ... and a slice wiped meanwhile (kubelet, 30 s after the plugin went) stays gone
-        cluster.kubectl("delete", "resourceslice", f"{node}-mig.migpart.io")
+        cluster.kubectl("delete", "resourceslice", f"{node}-{DRIVER}")
         time.sleep(3)  # what the watch would need to bring it back
         assert _slice(cluster, node) is None
         # the agent renews again: the devices are back, the pool at a newer generation

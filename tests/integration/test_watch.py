@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
+from migpart.api.models import GROUP
 from migpart.controller.indexes import WATCHED, watch_index
 from migpart.kube.watch import Index
 from migpart.testbed import Testbed
@@ -68,7 +69,7 @@ async def test_watched_indexes_follow_claims_and_waiting_pods(
         await until(changed, lambda: f"{NS}/c2" in waiting)
         # one event that is over 64 KiB and changes what the index keeps (a toleration)
         big = {
-            "metadata": {"annotations": {"migpart.io/test-padding": "x" * 70_000}},
+            "metadata": {"annotations": {f"{GROUP}/test-padding": "x" * 70_000}},
             "spec": {"tolerations": [{"key": "big", "operator": "Exists"}]},
         }
         cluster.kubectl("patch", "pod", "-n", NS, "p2", "--type=merge", "-p", json.dumps(big))

@@ -16,6 +16,7 @@ import yaml
 
 from migpart.commands import agent as agent_command
 from migpart.commands import operator as operator_command
+from migpart.dra import DRIVER
 from tests.tools import CHART, MANIFESTS, helm_template
 
 Doc = dict[str, Any]
@@ -191,7 +192,7 @@ def host_paths(docs: list[Doc]) -> dict[str, str]:
 def test_kubelet_root_dir_moves_the_plugin_directories(root: str, tmp_path: Path) -> None:
     docs = with_values(tmp_path, {"agent": {"kubeletRootDir": root}})
     parsed = args(docs, "DaemonSet")
-    plugin = "/var/lib/k0s/kubelet/plugins/mig.migpart.io"
+    plugin = f"/var/lib/k0s/kubelet/plugins/{DRIVER}"
     registration = "/var/lib/k0s/kubelet/plugins_registry"
     assert str(parsed.plugin_dir) == plugin
     assert str(parsed.registration_dir) == registration

@@ -1,4 +1,5 @@
-"""The deployment manifests, the Dockerfile and the operations docs agree with the code.
+"""The deployment manifests agree with the code (the Dockerfile and the docs: in
+test_dockerfile_and_docs.py).
 
 What a cluster runs is only as right as these files: a flag the parser rejects crash-loops the
 pod, a verb missing from RBAC fails at the first API call, a verb too many is a privilege nobody
@@ -19,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from migpart.agent.metrics import AgentMetrics
 from migpart.api.leases import LEASE_NAMESPACE
+from migpart.api.models import GROUP, VERSION
 from migpart.commands import agent as agent_command
 from migpart.commands import operator as operator_command
-from migpart.controller.metrics import Metrics
+from migpart.dra import DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -52,7 +53,7 @@ KNOWN_KINDS = {
     ("resource.k8s.io/v1", "DeviceClass"),
     ("resource.k8s.io/v1", "ResourceClaim"),
     ("resource.k8s.io/v1", "ResourceClaimTemplate"),
-    ("migpart.io/v1alpha1", "GpuPartitionPolicy"),
+    (f"{GROUP}/{VERSION}", "GpuPartitionPolicy"),
     ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
 }
 
@@ -93,15 +94,15 @@ OPERATOR_NEEDS = {
     ("resource.k8s.io", "resourceslices", "create"),
     ("resource.k8s.io", "resourceslices", "update"),
     # kopf index and event handler; patch_policy_status
-    ("migpart.io", "gpupartitionpolicies", "list"),
-    ("migpart.io", "gpupartitionpolicies", "watch"),
-    ("migpart.io", "gpupartitionpolicies/status", "patch"),
+    (GROUP, "gpupartitionpolicies", "list"),
+    (GROUP, "gpupartitionpolicies", "watch"),
+    (GROUP, "gpupartitionpolicies/status", "patch"),
     # kopf index, event handler; patch_mignode_spec
-    ("migpart.io", "mignodes", "list"),
-    ("migpart.io", "mignodes", "watch"),
-    ("migpart.io", "mignodes", "patch"),
+    (GROUP, "mignodes", "list"),
+    (GROUP, "mignodes", "watch"),
+    (GROUP, "mignodes", "patch"),
     # kube/objects.py patch_mignode_conditions (the Stale condition); kube/leases.py watch
-    ("migpart.io", "mignodes/status", "patch"),
+    (GROUP, "mignodes/status", "patch"),
     ("coordination.k8s.io", "leases", "list"),
     ("coordination.k8s.io", "leases", "watch"),
     # kube/election.py KubeLeaseStore: the election Lease
@@ -117,11 +118,11 @@ OPERATOR_NEEDS = {
 
 AGENT_NEEDS = {
     ("", "nodes", "get"),  # KubeMigNodes._owner
-    ("migpart.io", "mignodes", "get"),  # KubeMigNodes.ensure
-    ("migpart.io", "mignodes", "create"),
-    ("migpart.io", "mignodes", "list"),  # KubeMigNodes.specs (watch by field selector)
-    ("migpart.io", "mignodes", "watch"),
-    ("migpart.io", "mignodes/status", "patch"),  # KubeMigNodes.write_status
+    (GROUP, "mignodes", "get"),  # KubeMigNodes.ensure
+    (GROUP, "mignodes", "create"),
+    (GROUP, "mignodes", "list"),  # KubeMigNodes.specs (watch by field selector)
+    (GROUP, "mignodes", "watch"),
+    (GROUP, "mignodes/status", "patch"),  # KubeMigNodes.write_status
     ("resource.k8s.io", "resourceclaims", "get"),  # KubeClaims.allocation
     ("coordination.k8s.io", "leases", "get"),  # NodeLease.renew
     ("coordination.k8s.io", "leases", "create"),
@@ -390,7 +391,7 @@ def test_agent_runs_on_gpu_nodes_with_its_node_name() -> None:
     [
         ("state_dir", "/var/lib/migpart"),
         ("cdi_dir", "/var/run/cdi"),
-        ("plugin_dir", "/var/lib/kubelet/plugins/mig.migpart.io"),
+        ("plugin_dir", f"/var/lib/kubelet/plugins/{DRIVER}"),
         ("registration_dir", "/var/lib/kubelet/plugins_registry"),
     ],
 )
@@ -441,140 +442,6 @@ def test_rbac_has_no_wildcards_and_no_secrets() -> None:
 def test_service_accounts_are_separate() -> None:
     names = {sa["metadata"]["name"] for sa in of_kind("ServiceAccount")}
     assert names == {OPERATOR_SA, AGENT_SA}
-
-
-# ------------------------------------------------------------------ Dockerfile
-
-
-def dockerfile() -> str:
-    return (ROOT / "Dockerfile").read_text()
-
-
-def base_images(text: str) -> list[str]:
-    """FROM images with ARG defaults substituted; stage names are not images."""
-    args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, re.M))
-    stages: set[str] = set()
-    images: list[str] = []
-    for image, stage in re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M | re.I):
-        resolved = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), image)
-        if resolved not in stages:
-            images.append(resolved)
-        if stage:
-            stages.add(stage)
-    return images
-
-
-def test_dockerfile_base_images_are_pinned() -> None:
-    images = base_images(dockerfile())
-    assert images
-    for image in images:
-        _name, _, tag = image.partition(":")
-        assert "$" not in image, image
-        assert tag, image
-        assert tag != "latest", image
-        # made from Debian packages by hack/image/build.sh (`make image`), never pulled;
-        # anything pulled is pinned by digest
-        assert image.startswith("localhost/") or "@sha256:" in image, image
-
-
-@pytest.mark.parametrize(
-    "pattern",
-    [
-        r"python -m migpart\.agent\.proto\.build",  # the gRPC code is generated, not committed
-        r"pip wheel",
-        r'^ENTRYPOINT \["migpart"\]$',
-    ],
-)
-def test_dockerfile_builds_and_runs_migpart(pattern: str) -> None:
-    assert re.search(pattern, dockerfile(), re.M), pattern
-
-
-def test_dockerfile_runs_as_non_root() -> None:
-    users = re.findall(r"^USER\s+(\S+)", dockerfile(), re.M)
-    assert users, "no USER: the image would run as root"
-    assert users[-1].split(":")[0] not in ("0", "root")
-
-
-def test_dockerignore_keeps_the_build_context_small() -> None:
-    ignore = (ROOT / ".dockerignore").read_text().split()
-    assert "*" in ignore
-    assert {"!pyproject.toml", "!README.md", "!operator/", "!LICENSE", "!requirements/"} <= set(
-        ignore
-    )
-
-
-# ------------------------------------------------------------------ docs
-
-
-def mentioned_flags(path: Path) -> Iterator[tuple[str, str]]:
-    """(command, flag) for flags written after `migpart operator` / `migpart agent` on a line,
-    up to the end of its code span."""
-    for line in path.read_text().splitlines():
-        for match in re.finditer(r"migpart (operator|agent)\b([^`]*)", line):
-            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", match.group(2)):
-                yield match.group(1), flag
-
-
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
-def test_docs_mention_only_flags_the_parsers_know(path: Path) -> None:
-    known = {command: known_flags(command) for command in PARSERS}
-    unknown = {(c, f) for c, f in mentioned_flags(path) if f not in known[c]}
-    assert not unknown, f"{path.name} mentions flags the parsers do not know: {sorted(unknown)}"
-
-
-def exposed_metrics() -> set[str]:
-    """Every metric name the operator and the agent expose, as Prometheus scrapes them."""
-    suffixes = {
-        "counter": ("_total",),
-        "histogram": ("_bucket", "_sum", "_count", ""),
-        "gauge": ("",),
-    }
-    names: set[str] = set()
-    for registry in (Metrics().registry, AgentMetrics("node").registry):
-        for family in registry.collect():
-            names.update(family.name + s for s in suffixes[family.type])
-    return names
-
-
-def test_operations_doc_lists_every_metric() -> None:
-    text = (ROOT / "docs" / "operations.md").read_text()
-    documented = set(re.findall(r"\bmigpart_[a-z_]+[a-z]", text))
-    exposed = {n for n in exposed_metrics() if n.startswith("migpart_")}
-    counters = {n for n in exposed if n.endswith("_total")}
-    histograms = {n.removesuffix("_count") for n in exposed if n.endswith("_count")}
-    gauges = exposed - {n for n in exposed if re.search(r"_(total|bucket|sum|count)$", n)}
-    gauges -= histograms
-    missing = (counters | histograms | gauges) - documented
-    assert not missing, f"docs/operations.md does not describe {sorted(missing)}"
-
-
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
-def test_docs_name_only_real_metrics(path: Path) -> None:
-    documented = set(re.findall(r"\bmigpart_[a-z_]+[a-z]", path.read_text()))
-    assert documented <= exposed_metrics(), sorted(documented - exposed_metrics())
-
-
-def emitted_event_reasons() -> set[str]:
-    """Event reasons the operator posts: `effects.event(body, type, reason, message)` calls in
-    migpart.controller (the Effects port is the one way events are posted)."""
-    source = "".join(p.read_text() for p in (ROOT / "operator/migpart/controller").glob("*.py"))
-    calls = re.split(r"\beffects\.event\(", source)[1:]
-    found = (re.match(r"[^,]+,\s*\"(?:Normal|Warning)\",\s*\"(\w+)\"", call) for call in calls)
-    return {m.group(1) for m in found if m}
-
-
-@pytest.mark.parametrize("doc", ["kubectl.md", "troubleshooting.md"])
-def test_docs_explain_every_event_reason(doc: str) -> None:
-    reasons = emitted_event_reasons()
-    assert reasons >= {
-        "Repartitioning",
-        "DryRunPlan",
-        "DestroyAborted",
-        "RoundFailed",
-        "Unsatisfiable",
-    }
-    text = (ROOT / "docs" / doc).read_text()
-    assert not {r for r in reasons if r not in text}, doc
 
 
 def test_admission_policy_matches_the_agents_service_account_in_any_namespace() -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from migpart.api.models import GROUP
 from migpart.dra import DRIVER
 from migpart.kube.election import DEFAULT_NAMESPACE
 from migpart.testbed import Testbed
@@ -84,8 +85,8 @@ class LocalCluster:
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
-            "crd/gpupartitionpolicies.migpart.io",
-            "crd/mignodes.migpart.io",
+            f"crd/gpupartitionpolicies.{GROUP}",
+            f"crd/mignodes.{GROUP}",
         )
         self.testbed.kubectl("apply", "-f", str(DEVICE_CLASS))
 

@@ -22,9 +22,11 @@ from kubernetes_asyncio import client
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.demo.trace import TracePod
-from migpart.dra import DEVICE_CLASS, DRIVER, DeviceId
+from migpart.dra import DeviceId
 from migpart.mig import ModelTable
 from migpart.testbed.kubelet import RUN_SECONDS_ENV
+from migpart.testing.builders import ClaimBuilder, PodBuilder, memory_at_least, profile_is
+from migpart.testing.invariants import DestroyedWhileAllocated, Violation
 
 NAMESPACE = "migpart-demo"
 
@@ -37,33 +39,9 @@ def claim_template(
     profile: str, count: int, by_memory_mib: int | None = None, namespace: str = NAMESPACE
 ) -> dict[str, Any]:
     """A ResourceClaimTemplate for `count` devices of `profile` (or of at least that memory)."""
-    if by_memory_mib is None:
-        expression = f'device.attributes["{DRIVER}"].profile == "{profile}"'
-    else:
-        expression = (
-            f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{by_memory_mib}Mi")) >= 0'
-        )
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": template_name(profile, count), "namespace": namespace},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": DEVICE_CLASS,
-                                "count": count,
-                                "selectors": [{"cel": {"expression": expression}}],
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    selector = profile_is(profile) if by_memory_mib is None else memory_at_least(by_memory_mib)
+    claim = ClaimBuilder(template_name(profile, count), namespace)
+    return claim.request(selector, count=count).template()
 
 
 def pod_body(
@@ -75,27 +53,13 @@ def pod_body(
 ) -> dict[str, Any]:
     """A pod of the claim template; on a real kubelet its container exits after `run_s`.
     `node_selector` keeps it on the replay's own nodes (the e2e suite shares its cluster)."""
-    env = [] if run_s is None else [{"name": RUN_SECONDS_ENV, "value": f"{run_s:.1f}"}]
-    placement = {"nodeSelector": dict(node_selector)} if node_selector else {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "migpart-demo"}},
-        "spec": {
-            **placement,
-            "containers": [
-                {
-                    "name": "work",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "env": env,
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "restartPolicy": "Never",
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
+    pod = PodBuilder(name, namespace).labels({"app": "migpart-demo"}).container("work")
+    pod.claim_template(template).ends()
+    if run_s is not None:
+        pod.env(RUN_SECONDS_ENV, f"{run_s:.1f}")
+    if node_selector:
+        pod.node_selector(node_selector)
+    return pod.obj()
 
 
 def claim_templates(
@@ -184,6 +148,9 @@ class Replay:
         self.mignodes: list[dict[str, Any]] = []
         self.seen_devices: dict[str, set[DeviceId]] = {}
         self.events: list[str] = []
+        # destroyed while allocated, by etcd revisions (polled: only what certainly happened)
+        self.ledger = DestroyedWhileAllocated(every_change=False)
+        self.violations: set[Violation] = set()
 
     async def setup(self, table: ModelTable) -> None:
         """Namespace and one claim template per (profile, count) the replay uses."""
@@ -249,14 +216,14 @@ class Replay:
             n for n in result["items"] if self.nodes is None or n["metadata"]["name"] in self.nodes
         ]
         claims = await self.resource.list_namespaced_resource_claim(self.namespace)
-        in_use: set[DeviceId] = set()
-        for claim in claims.items:
-            allocation = claim.status.allocation if claim.status else None
-            if allocation is None or not claim.status.reserved_for:
-                continue
-            for r in allocation.devices.results or []:
-                if r.driver == DRIVER:
-                    in_use.add(DeviceId(r.pool, r.device))
+        # the nodes first: a claim released before a device went shows in the later list
+        self.ledger.mignodes_listed(self.mignodes)
+        self.ledger.claims_listed(self.api.sanitize_for_serialization(claims)["items"])
+        for violation in self.ledger.violations:
+            if violation not in self.violations:
+                self.violations.add(violation)
+                self.stats.destroyed_in_use += 1
+                self.events.append(f"{violation.node}: DESTROYED IN USE {violation.device}")
         for node in self.mignodes:
             name = node["metadata"]["name"]
             plan_id = (node.get("spec") or {}).get("planId")
@@ -278,9 +245,6 @@ class Replay:
             seen = self.seen_devices[name]
             self.stats.creates += len(present - seen)
             self.stats.destroys += len(seen - present)
-            for device in (seen - present) & in_use:
-                self.stats.destroyed_in_use += 1
-                self.events.append(f"{name}: DESTROYED IN USE {device.device}")
             self.seen_devices[name] = present
 
     def _draw(self, now: float) -> None:

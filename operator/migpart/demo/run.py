@@ -16,7 +16,7 @@ from typing import TextIO
 
 from kubernetes_asyncio import config
 
-from migpart.api.models import GpuPartitionPolicy
+from migpart.api.models import GROUP, GpuPartitionPolicy
 from migpart.demo.cluster import LocalCluster
 from migpart.demo.replay import NAMESPACE, Replay, Stats
 from migpart.demo.trace import TracePod
@@ -42,7 +42,7 @@ class DemoRun:
     name: str = "demo"
     """The policy's name; nodes are `<node_prefix>-1`, ..."""
     node_prefix: str = "gpu-node"
-    labels: Mapping[str, str] = field(default_factory=lambda: {"migpart.io/demo": "true"})
+    labels: Mapping[str, str] = field(default_factory=lambda: {f"{GROUP}/demo": "true"})
     """The nodes' labels: the policy selects them and the pods ask for them."""
     namespace: str = NAMESPACE
 

@@ -15,7 +15,7 @@ from migpart.agent.metrics import AgentMetrics
 from migpart.agent.plugin import RegistrationServicer
 from migpart.agent.runner import Agent
 from migpart.api.leases import lease_name, lease_node
-from migpart.api.models import MigNodeSpec
+from migpart.api.models import GROUP, VERSION, MigNodeSpec
 from migpart.commands.agent import config_from, parser
 from migpart.errors import ResourceNotServed
 
@@ -59,10 +59,10 @@ async def test_a_missing_crd_is_told_once_and_retried_until_served(
     assert store.attempts == 4
     told = [e for e in logs if e["event"] == "resource_not_served"]
     assert len(told) == 1
-    assert told[0]["resource"] == "mignodes.migpart.io/v1alpha1"
+    assert told[0]["resource"] == f"mignodes.{GROUP}/{VERSION}"
     assert told[0]["retry"].startswith("with back-off")
     assert [e["resource"] for e in logs if e["event"] == "resource_served"] == [
-        "mignodes.migpart.io/v1alpha1"
+        f"mignodes.{GROUP}/{VERSION}"
     ]
 
 

@@ -97,11 +97,11 @@ async def test_kubelet_registers_prepares_unprepares_across_restart(short_dir: P
         [device] = result.devices
         assert (device.pool_name, device.device_name) == (NODE, "gpu-1-1g10gb-2")
         assert list(device.request_names) == ["gpu"]
-        assert list(device.cdi_device_ids) == ["mig.migpart.io/mig=uid-1-gpu-1-1g10gb-2"]
+        assert list(device.cdi_device_ids) == [f"{DRIVER}/mig=uid-1-gpu-1-1g10gb-2"]
 
-        spec = json.loads((short_dir / "cdi" / "mig.migpart.io-uid-1.json").read_text())
+        spec = json.loads((short_dir / "cdi" / f"{DRIVER}-uid-1.json").read_text())
         assert spec["cdiVersion"] == "0.6.0"
-        assert spec["kind"] == "mig.migpart.io/mig"
+        assert spec["kind"] == f"{DRIVER}/mig"
         [entry] = spec["devices"]
         assert entry["name"] == "uid-1-gpu-1-1g10gb-2"
         assert entry["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={mig.uuid}"]
@@ -145,7 +145,7 @@ async def test_kubelet_registers_prepares_unprepares_across_restart(short_dir: P
                 assert done.claims["uid-1"].error == ""
     finally:
         await restarted.stop()
-    assert not (short_dir / "cdi" / "mig.migpart.io-uid-1.json").exists()
+    assert not (short_dir / "cdi" / f"{DRIVER}-uid-1.json").exists()
     assert Checkpoint(short_dir / "state" / "checkpoint.json").claims() == []
 
 

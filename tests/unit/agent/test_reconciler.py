@@ -13,6 +13,7 @@ from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from migpart.agent.reconciler import Op, reconcile_once
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec, condition_status
+from migpart.dra import DRIVER
 from migpart.mig import CATALOG, Instance, device_name, enumerate_layouts
 from tests.unit.agent.conftest import H100
 
@@ -51,7 +52,7 @@ def prepare(checkpoint: Checkpoint, uid: str, inst: MigInstance) -> None:
                     inst.profile,
                     inst.start,
                     inst.uuid,
-                    f"mig.migpart.io/mig={uid}-{name}",
+                    f"{DRIVER}/mig={uid}-{name}",
                 ),
             ),
         )

@@ -16,6 +16,7 @@ from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec, MigNodeStatus
 from migpart.commands.agent import config_from, parser
+from migpart.dra import DRIVER
 from tests.unit.agent.conftest import H100, H200
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ def test_cli_flags() -> None:
     assert config.simulate == [(H100, 2), (H200, 1), (H100, 1)]
     assert config.sim_latency_s == pytest.approx(0.25)
     assert (config.kubelet_plugin, config.metrics_port) == (False, 0)
-    assert str(config.plugin_dir) == "/var/lib/kubelet/plugins/mig.migpart.io"
+    assert str(config.plugin_dir) == f"/var/lib/kubelet/plugins/{DRIVER}"
 
 
 def test_cli_requires_a_node_name(monkeypatch: pytest.MonkeyPatch) -> None:

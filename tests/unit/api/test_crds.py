@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from migpart.api import GpuPartitionPolicySpec
 from migpart.api.crdgen import crd_schema, main, mignode_crd, policy_crd, render
 from migpart.api.crdgen import structural_problems as problems
+from migpart.api.models import GROUP
 from migpart.mig.profiles import PROFILE_NAME_RE
 
 REPO = Path(__file__).parents[3]
@@ -43,7 +44,7 @@ def test_crd_files_match_the_models(directory: str) -> None:
 def test_check_reports_drift(tmp_path: Path) -> None:
     assert main(["--write", str(tmp_path)]) == 0
     assert main(["--check", str(tmp_path)]) == 0
-    stale = tmp_path / "mignodes.migpart.io.yaml"
+    stale = tmp_path / f"mignodes.{GROUP}.yaml"
     stale.write_text(stale.read_text().replace("mignode", "mignodez"))
     assert main(["--check", str(tmp_path)]) == 1
 
@@ -121,7 +122,7 @@ def test_names_scope_and_printer_columns(
     crd: dict[str, Any], short: str, plural: str, columns: list[tuple[str, str]]
 ) -> None:
     spec = crd["spec"]
-    assert crd["metadata"]["name"] == f"{plural}.migpart.io"
+    assert crd["metadata"]["name"] == f"{plural}.{GROUP}"
     assert spec["scope"] == "Cluster"
     assert spec["names"]["shortNames"] == [short]
     assert spec["names"]["plural"] == plural

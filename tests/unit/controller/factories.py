@@ -8,11 +8,12 @@ from typing import Any
 import yaml
 
 from migpart.api.models import GpuStatus, MigNode, MigNodeStatus
+from migpart.testing.builders import ClaimBuilder, PolicyBuilder, profile_is
 from tests.unit.kube.factories import gpu
 
 ROOT = Path(__file__).resolve().parents[3]
 DEVICE_CLASS = yaml.safe_load((ROOT / "manifests" / "deviceclass.yaml").read_text())
-PROFILE_IS = 'device.attributes["mig.migpart.io"].profile == "{}"'
+PROFILE_IS = profile_is("{}")
 
 
 def mignode(
@@ -32,41 +33,13 @@ def mignode(
 def policy(
     name: str, pool: str, generation: int = 1, priority: int = 0, **spec: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "migpart.io/v1alpha1",
-        "kind": "GpuPartitionPolicy",
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "generation": generation,
-            "resourceVersion": str(generation),
-        },
-        "spec": {"nodeSelector": {"matchLabels": {"pool": pool}}, "priority": priority, **spec},
-    }
+    body = PolicyBuilder(name).uid(f"uid-{name}").generation(generation).revision(generation)
+    return body.pool({"pool": pool}).spec(priority=priority, **spec).obj()
 
 
 def claim(name: str, profile: str, revision: int = 1) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": f"uid-{name}",
-            "resourceVersion": str(revision),
-        },
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": "mig.migpart.io",
-                            "selectors": [{"cel": {"expression": PROFILE_IS.format(profile)}}],
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    body = ClaimBuilder(name, "ns").uid(f"uid-{name}").revision(revision)
+    return body.request(profile_is(profile)).obj()
 
 
 def placement(priority: int = 0, **selector: str) -> dict[str, Any]:

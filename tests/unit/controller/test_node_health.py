@@ -13,6 +13,7 @@ from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
+from migpart.dra import DRIVER
 from migpart.kube.leases import stale_conditions
 from migpart.kube.placement import NodeFacts
 from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy
@@ -137,7 +138,7 @@ def _world(unavailable: dict[str, str]) -> Cluster:
         policies={"pa": policy("pa", "a", reconfiguration={"batchWindowSeconds": 0})},
         claims={"ns/c1": claim("c1", "3g.40gb")},
         waiting={"ns/c1": (placement(),)},
-        device_classes={"mig.migpart.io": DEVICE_CLASS},
+        device_classes={DRIVER: DEVICE_CLASS},
         node_facts={name: NodeFacts(v, ()) for name, v in labels.items()},
         unavailable=unavailable,
     )

@@ -14,6 +14,7 @@ from migpart.controller.indexes import with_own_writes
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
+from migpart.dra import DRIVER
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import reconfiguring
 from migpart.planning.model import Plan
@@ -29,7 +30,7 @@ def world(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]], **spec
         policies={"pa": policy("pa", "a", reconfiguration={"batchWindowSeconds": 0, **spec})},
         claims={f"ns/{c['metadata']['name']}": c for c in claims},
         waiting={f"ns/{c['metadata']['name']}": (placement(),) for c in claims},
-        device_classes={"mig.migpart.io": DEVICE_CLASS},
+        device_classes={DRIVER: DEVICE_CLASS},
         node_facts={name: NodeFacts(v, ()) for name, v in labels.items()},
     )
 
@@ -107,9 +108,7 @@ def allocation(name: str, node: str, device: str) -> dict[str, Any]:
     body["status"] = {
         "allocation": {
             "devices": {
-                "results": [
-                    {"request": "gpu", "driver": "mig.migpart.io", "pool": node, "device": device}
-                ]
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]
             }
         }
     }
@@ -300,7 +299,7 @@ def two_policies(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]])
         },
         claims={f"ns/{c['metadata']['name']}": c for c in claims},
         waiting={f"ns/{c['metadata']['name']}": (placement(),) for c in claims},
-        device_classes={"mig.migpart.io": DEVICE_CLASS},
+        device_classes={DRIVER: DEVICE_CLASS},
         node_facts={name: NodeFacts(v, ()) for name, v in labels.items()},
     )
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from migpart.api.models import MigInstanceStatus, MigNode, MigNodeStatus
 from migpart.controller.scope import Cluster, ScopeCache
+from migpart.dra import DRIVER
 from migpart.kube.placement import NodeFacts
 from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy
 from tests.unit.kube.factories import gpu
@@ -28,7 +29,7 @@ def cluster(**changes: Any) -> Cluster:
             "ns/c2": (placement(pool="a", zone="1"),),
             "ns/c3": (placement(pool="b"),),
         },
-        device_classes={"mig.migpart.io": DEVICE_CLASS},
+        device_classes={DRIVER: DEVICE_CLASS},
         node_facts={name: NodeFacts(values, ()) for name, values in labels.items()},
     )
     return replace(base, **changes)

@@ -5,30 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode, ProfileInfo
-from migpart.mig import builtin_table
+from migpart.api.models import GpuStatus, MigNode
 from migpart.slice_content import node_slices
-
-H100 = "NVIDIA H100 80GB HBM3"
+from migpart.testing.builders import H100, gpu_status
 
 
 def gpu(
     index: int, *instances: tuple[str, int, str], model: str = H100, mig: bool = True
 ) -> GpuStatus:
-    table = builtin_table(model)
-    return GpuStatus(
-        index=index,
-        uuid=f"GPU-{index}",
-        model=model,
-        mig_enabled=mig,
-        compute_slices=table.compute_slices,
-        memory_slices=table.memory_slices,
-        profiles=[ProfileInfo.from_profile(p) for p in table.profiles],
-        instances=[
-            MigInstanceStatus(profile=p, start=s, uuid=f"MIG-{index}-{p}-{s}", state=state)
-            for p, s, state in instances
-        ],
-    )
+    return gpu_status(index, *instances, model=model, mig=mig)
 
 
 def watched_slice(node: str, generation: int, revision: int) -> dict[str, Any]:

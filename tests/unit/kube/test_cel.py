@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from migpart.dra import DRIVER
 from migpart.errors import SelectorError
 from migpart.kube.cel import (
     Device,
@@ -24,8 +25,8 @@ from migpart.slice_content import slice_device
 
 H100 = CATALOG["NVIDIA H100 80GB HBM3"]
 H200 = CATALOG["NVIDIA H200"]
-ATTR = 'device.attributes["mig.migpart.io"]'
-CAP = 'device.capacity["mig.migpart.io"]'
+ATTR = f'device.attributes["{DRIVER}"]'
+CAP = f'device.capacity["{DRIVER}"]'
 
 
 @pytest.mark.parametrize(
@@ -65,7 +66,7 @@ def test_quantity_compare_agrees_with_exact_values(n: int, suffix: str) -> None:
     assert not evaluate(f'device.capacity["d"].x.isLessThan(quantity("{n}{suffix}"))', device)
 
 
-EMPTY = Device("mig.migpart.io", {}, {})
+EMPTY = Device(DRIVER, {}, {})
 
 
 @pytest.mark.parametrize(
@@ -135,8 +136,8 @@ def test_virtual_device_matches_the_published_slice_device() -> None:
     device = virtual_device(
         H100, "3g.40gb", gpu_index=1, start=4, parent_uuid="GPU-1", uuid="MIG-9"
     )
-    assert device == device_from_slice("mig.migpart.io", body)
-    attrs = device.attributes["mig.migpart.io"]
+    assert device == device_from_slice(DRIVER, body)
+    attrs = device.attributes[DRIVER]
     assert attrs == {
         "profile": "3g.40gb",
         "productName": "NVIDIA H100 80GB HBM3",
@@ -145,24 +146,24 @@ def test_virtual_device_matches_the_published_slice_device() -> None:
         "gpuIndex": 1,
         "placementStart": 4,
     }
-    cap = device.capacity["mig.migpart.io"]
+    cap = device.capacity[DRIVER]
     assert cap["memory"] == Quantity(Fraction(40448 * 2**20))
     assert cap["multiprocessors"] == Quantity(Fraction(60))
     assert cap["computeSlices"] == Quantity(Fraction(3))
     assert cap["memorySlices"] == Quantity(Fraction(4))
-    assert device.attribute("mig.migpart.io/profile") == "3g.40gb"
+    assert device.attribute(f"{DRIVER}/profile") == "3g.40gb"
     assert device.attribute("gpuIndex") == 1
 
 
 def test_virtual_device_defaults_to_the_first_placement() -> None:
     device = virtual_device(H100, "3g.40gb")
-    assert device.attributes["mig.migpart.io"]["placementStart"] == 0
-    assert device.attributes["mig.migpart.io"]["gpuIndex"] == 0
+    assert device.attributes[DRIVER]["placementStart"] == 0
+    assert device.attributes[DRIVER]["gpuIndex"] == 0
 
 
 def test_device_from_slice_types_and_domains() -> None:
     device = device_from_slice(
-        "mig.migpart.io",
+        DRIVER,
         {
             "name": "x",
             "attributes": {
@@ -176,7 +177,7 @@ def test_device_from_slice_types_and_domains() -> None:
             "allowMultipleAllocations": False,
         },
     )
-    assert device.attributes["mig.migpart.io"]["driverVersion"] == Semver(580, 159, 4)
+    assert device.attributes[DRIVER]["driverVersion"] == Semver(580, 159, 4)
     assert device.attributes["example.com"] == {"zone": "a"}
     assert evaluate(
         f'{ATTR}.healthy && {ATTR}.gpuIndex == 2 && {CAP}.memory == quantity("10Gi")', device
@@ -188,7 +189,7 @@ def test_device_from_slice_types_and_domains() -> None:
 @pytest.mark.parametrize(
     ("expression", "profiles"),
     [
-        ('device.driver == "mig.migpart.io"', list(H100.profile_names)),
+        (f'device.driver == "{DRIVER}"', list(H100.profile_names)),
         (f'{ATTR}.profile == "1g.10gb"', ["1g.10gb"]),
         (
             f'{CAP}.memory.compareTo(quantity("20Gi")) >= 0',
@@ -228,7 +229,7 @@ def test_matches_ands_expressions() -> None:
 @pytest.mark.parametrize(
     ("expression", "message", "runtime"),
     [
-        ('device.driver == "mig.migpart.io', "syntax error at column", False),
+        (f'device.driver == "{DRIVER}', "syntax error at column", False),
         ("device.driver ==", "syntax error", False),
         ("frobnicate(device)", "undeclared function frobnicate", False),
         ("device.driver.frob()", "undeclared function frob", False),

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import yaml
 
-from migpart.api.models import MigInstanceStatus, MigNode, MigNodeStatus
+from migpart.api.models import GROUP, VERSION, MigInstanceStatus, MigNode, MigNodeStatus
 from migpart.clock import ManualClock
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
@@ -23,63 +23,22 @@ from migpart.kube.claims import (
     prepared_claims,
 )
 from migpart.kube.placement import NodeFacts
+from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, profile_is
 from tests.unit.kube.factories import gpu
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def claim(name: str, *, uid: str = "", allocated_to: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "metadata": {"namespace": "team-a", "name": name, "uid": uid or f"uid-{name}"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DRIVER,
-                            "selectors": [
-                                {
-                                    "cel": {
-                                        "expression": (
-                                            f'device.attributes["{DRIVER}"].profile == "3g.40gb"'
-                                        )
-                                    }
-                                }
-                            ],
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    body = ClaimBuilder(name, "team-a").uid(uid or f"uid-{name}").request(profile_is("3g.40gb"))
     if allocated_to is not None:
-        body["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": allocated_to},
-                        {
-                            "request": "nic",
-                            "driver": "nic.example.com",
-                            "pool": "n1",
-                            "device": "e",
-                        },
-                    ]
-                }
-            }
-        }
-    return body
+        body.allocated("n1", allocated_to).allocated("n1", "e", "nic", "nic.example.com")
+    return body.obj()
 
 
 def mignode(name: str, instances: list[MigInstanceStatus]) -> dict[str, Any]:
     status = MigNodeStatus(gpus=[gpu(0).model_copy(update={"instances": instances})])
-    return {
-        "apiVersion": "migpart.io/v1alpha1",
-        "kind": "MigNode",
-        "metadata": {"name": name, "labels": {"pool": "a"}},
-        "status": status.model_dump(by_alias=True, mode="json"),
-    }
+    return MigNodeBuilder(name).labels({"pool": "a"}).status(status).obj()
 
 
 def prepared(profile: str, start: int, *claims: str) -> MigInstanceStatus:
@@ -154,7 +113,7 @@ def cluster_with(node: dict[str, Any], claims: list[dict[str, Any]]) -> Cluster:
         node_labels={"n1": {"pool": "a"}},
         policies={
             "p": {
-                "apiVersion": "migpart.io/v1alpha1",
+                "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "GpuPartitionPolicy",
                 "metadata": {"name": "p", "uid": "u"},
                 "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}}},

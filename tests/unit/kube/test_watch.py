@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from migpart.api.models import GROUP, VERSION
 from migpart.controller.indexes import (
     claim_entry,
     class_entry,
@@ -100,7 +101,7 @@ def test_a_policy_deleted_while_the_watch_was_down_is_gone_after_the_relist() ->
     """A kopf index kept such a policy after its relist, and the policy went on owning its
     nodes; this index is replaced by the list."""
     policies = [
-        {"apiVersion": "migpart.io/v1alpha1", "kind": "GpuPartitionPolicy", **p}
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuPartitionPolicy", **p}
         for p in (
             {"metadata": {"name": "pa", "uid": "ua"}, "spec": {"nodeSelector": {}}},
             {"metadata": {"name": "pb", "uid": "ub"}, "spec": {}, "status": {"x": 1}},

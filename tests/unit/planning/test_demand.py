@@ -10,20 +10,21 @@ from typing import Any
 import pytest
 import yaml
 
-from migpart.dra import DEVICE_CLASS
+from migpart.dra import DEVICE_CLASS, DRIVER
 from migpart.kube.selectors import CEL
 from migpart.mig import CATALOG
 from migpart.planning.candidates import class_selectors, is_ours
 from migpart.planning.demand import ClaimDemand, Unsatisfiable, claim_demand
 from migpart.planning.model import PolicyView, Request
 from migpart.planning.overtime import AGE_S, aged_requests
+from migpart.testing.builders import ClaimBuilder
 
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
 TABLES = {H100: CATALOG[H100]}
 BOTH = {H100: CATALOG[H100], H200: CATALOG[H200]}
-ATTR = 'device.attributes["mig.migpart.io"]'
-CAP = 'device.capacity["mig.migpart.io"]'
+ATTR = f'device.attributes["{DRIVER}"]'
+CAP = f'device.capacity["{DRIVER}"]'
 ANY = PolicyView()
 
 
@@ -32,16 +33,14 @@ def _class(*expressions: str) -> dict[str, Any]:
 
 
 CLASSES = {
-    "mig.migpart.io": _class('device.driver == "mig.migpart.io"'),
-    "mig-large": _class(
-        'device.driver == "mig.migpart.io"', f"{CAP}.computeSlices.asInteger() >= 3"
-    ),
+    DRIVER: _class(f'device.driver == "{DRIVER}"'),
+    "mig-large": _class(f'device.driver == "{DRIVER}"', f"{CAP}.computeSlices.asInteger() >= 3"),
     "gpu.nvidia.com": _class('device.driver == "gpu.nvidia.com"'),
     "nvidia-mig": _class('device.attributes["gpu.nvidia.com"].type == "mig"'),
 }
 
 
-def _exactly(*selectors: str, cls: str = "mig.migpart.io", **extra: Any) -> dict[str, Any]:
+def _exactly(*selectors: str, cls: str = DRIVER, **extra: Any) -> dict[str, Any]:
     return {
         "deviceClassName": cls,
         "selectors": [{"cel": {"expression": s}} for s in selectors],
@@ -52,15 +51,12 @@ def _exactly(*selectors: str, cls: str = "mig.migpart.io", **extra: Any) -> dict
 def _claim(
     *requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": list(requests)}
-    if constraints:
-        devices["constraints"] = constraints
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"namespace": "team-a", "name": "c1"},
-        "spec": {"devices": devices},
-    }
+    claim = ClaimBuilder("c1", "team-a")
+    for request in requests:
+        claim.raw_request(request)
+    for constraint in constraints or []:
+        claim.constraint(constraint)
+    return claim.obj()
 
 
 def _req(name: str = "gpu", **exactly: Any) -> dict[str, Any]:
@@ -115,7 +111,7 @@ def test_impossible_request_says_why() -> None:
     got = _refused(claim_demand(claim, CLASSES, TABLES, ANY, CEL, policy_name="inference-pool"))
     assert got.reason == (
         "request gpu: no MIG profile of NVIDIA H100 80GB HBM3 allowed by policy inference-pool"
-        ' satisfies device.capacity["mig.migpart.io"].memory.compareTo(quantity("100Gi")) >= 0'
+        f' satisfies device.capacity["{DRIVER}"].memory.compareTo(quantity("100Gi")) >= 0'
     )
     assert got.error is None
 
@@ -159,7 +155,7 @@ def test_allocation_mode_all_is_unsatisfiable() -> None:
 def _alt(name: str, profile: str, count: int = 1) -> dict[str, Any]:
     return {
         "name": name,
-        "deviceClassName": "mig.migpart.io",
+        "deviceClassName": DRIVER,
         "selectors": [{"cel": {"expression": f'{ATTR}.profile == "{profile}"'}}],
         "count": count,
     }
@@ -217,7 +213,7 @@ def test_several_requests_without_common_profile_are_refused() -> None:
     assert "requests a, b accept no common MIG profile" in got.reason
 
 
-@pytest.mark.parametrize("attribute", ["mig.migpart.io/parentUUID", "mig.migpart.io/gpuIndex"])
+@pytest.mark.parametrize("attribute", [f"{DRIVER}/parentUUID", f"{DRIVER}/gpuIndex"])
 def test_match_attribute_on_the_gpu_means_same_gpu(attribute: str) -> None:
     claim = _claim(
         _req(selectors=[f"{CAP}.memorySlices.asInteger() <= 4"], count=2),
@@ -234,7 +230,7 @@ def test_match_attribute_on_the_gpu_means_same_gpu(attribute: str) -> None:
 def test_too_many_for_one_gpu() -> None:
     claim = _claim(
         _req(selectors=[f'{ATTR}.profile == "3g.40gb"'], count=3),
-        constraints=[{"matchAttribute": "mig.migpart.io/parentUUID"}],
+        constraints=[{"matchAttribute": f"{DRIVER}/parentUUID"}],
     )
     assert (
         "do not fit on one GPU" in _refused(claim_demand(claim, CLASSES, TABLES, ANY, CEL)).reason
@@ -244,10 +240,10 @@ def test_too_many_for_one_gpu() -> None:
 @pytest.mark.parametrize(
     ("attribute", "outcome"),
     [
-        ("mig.migpart.io/profile", ("1g.10gb",)),
-        ("mig.migpart.io/productName", ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb")),
-        ("mig.migpart.io/uuid", "never share one"),
-        ("mig.migpart.io/color", "migpart devices have no color"),
+        (f"{DRIVER}/profile", ("1g.10gb",)),
+        (f"{DRIVER}/productName", ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb")),
+        (f"{DRIVER}/uuid", "never share one"),
+        (f"{DRIVER}/color", "migpart devices have no color"),
         ("gpu.nvidia.com/parentUUID", "no attributes of domain gpu.nvidia.com"),
     ],
 )
@@ -299,12 +295,12 @@ def test_no_known_model() -> None:
 
 
 def test_class_ownership() -> None:
-    assert is_ours(CLASSES["mig.migpart.io"], TABLES, CEL)
+    assert is_ours(CLASSES[DRIVER], TABLES, CEL)
     assert is_ours(CLASSES["mig-large"], TABLES, CEL)
     assert is_ours(_class(), TABLES, CEL)
     assert not is_ours(CLASSES["gpu.nvidia.com"], TABLES, CEL)
     assert not is_ours(CLASSES["nvidia-mig"], TABLES, CEL)
-    assert is_ours(CLASSES["mig.migpart.io"], {}, CEL)
+    assert is_ours(CLASSES[DRIVER], {}, CEL)
     assert class_selectors(CLASSES["mig-large"])[1].endswith(">= 3")
 
 

@@ -1,0 +1,460 @@
+"""bench/scale.py's cluster: its objects (nodes, the seeded workload, the claims, pods and
+policies), the processes it measures (/proc), raw API calls and watches, what it follows
+(MigNodes, claims, Leases, pods) and the calls that create the burst."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import resource
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+
+from migpart.api.leases import LEASE_DURATION_S, lease_node
+from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
+from migpart.testbed import Testbed
+from migpart.testbed.run import ready_node_status, terminate_all
+from migpart.testing.builders import (
+    POOL_LABEL,
+    ClaimBuilder,
+    PodBuilder,
+    PolicyBuilder,
+    profile_is,
+)
+from migpart.testing.invariants import DestroyedWhileAllocated, allocated_devices, present_devices
+
+BENCH = Path(__file__).resolve().parent
+H100 = "NVIDIA H100 80GB HBM3"
+GPUS_PER_NODE = 8
+PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+SAME_GPU_PROFILES = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb"]  # two of them fit one GPU
+NAMESPACE = "scale"
+POOLS = ("a", "b")
+ZONE_LABEL = "topology.kubernetes.io/zone"
+ZONE = "zone-1"
+OPERATOR_USER = "migpart-operator"
+MERGE_PATCH = "application/merge-patch+json"
+CREATE_CONCURRENCY = 50
+# The agents' process runs at this nice value (when the benchmark may set it: root).
+AGENTS_NICE = -5
+SEED = 7
+# The operator is quiet when it used less than this share of a core over QUIET_WINDOW_S.
+QUIET_CORES = 0.05
+QUIET_WINDOW_S = 2.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# kube-scheduler's own API client limit (default 50 requests/s) would bind at most ~15 pods/s
+# here (a claim status write, a binding and events per pod): the scheduler's setting, not
+# migpart's speed. Large clusters raise it; so does this benchmark, and says so.
+SCHEDULER_QPS = 500
+
+TARGET_BOUND_S = 30.0
+TARGET_CPU_S = 30.0
+TARGET_RSS_MIB = 1024.0
+TARGET_IDLE_PCT = 2.0
+TARGET_GROWTH = 12.0
+
+AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+# one entry per request, written when it arrives (watches included)
+omitStages: [ResponseStarted, ResponseComplete, Panic]
+rules:
+- level: Metadata
+  users: [{OPERATOR_USER}]
+- level: None
+"""
+
+
+# ---------------------------------------------------------------- the cluster's objects
+
+
+def node_names(n: int) -> list[str]:
+    return [f"scale-{i:04d}" for i in range(n)]
+
+
+def node_labels(i: int, name: str) -> dict[str, str]:
+    labels = {
+        "kubernetes.io/hostname": name,
+        "nvidia.com/mig.capable": "true",
+        POOL_LABEL: POOLS[i % 2],
+    }
+    if i % 8 < 2:  # a quarter of the nodes, in both pools
+        labels[ZONE_LABEL] = ZONE
+    return labels
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlan:
+    """One pod of the burst and its claim (same name)."""
+
+    name: str
+    pool: str
+    profile: str
+    count: int
+    same_gpu: bool
+    zone: str | None
+
+
+def workload(m: int, seed: int = SEED) -> list[PodPlan]:
+    """The burst's M pods: 80 % one device, 10 % two, 10 % two on one GPU; a tenth with a
+    zone selector; pools alternate."""
+    rng = random.Random(seed)
+    pods = []
+    for i in range(m):
+        kind = rng.random()
+        if kind < 0.1:
+            count, same_gpu, profile = 2, False, rng.choice(PROFILES)
+        elif kind < 0.2:
+            count, same_gpu, profile = 2, True, rng.choice(SAME_GPU_PROFILES)
+        else:
+            count, same_gpu, profile = 1, False, rng.choice(PROFILES)
+        zone = ZONE if rng.random() < 0.1 else None
+        pods.append(PodPlan(f"p{i:05d}", POOLS[i % 2], profile, count, same_gpu, zone))
+    return pods
+
+
+def claim_body(p: PodPlan) -> dict[str, Any]:
+    claim = ClaimBuilder(p.name).request(profile_is(p.profile), count=p.count)
+    if p.same_gpu:
+        claim.same_gpu("gpu")
+    return claim.obj()
+
+
+def pod_body(p: PodPlan) -> dict[str, Any]:
+    selector = {POOL_LABEL: p.pool, **({ZONE_LABEL: p.zone} if p.zone else {})}
+    pod = PodBuilder(p.name).claim(p.name).node_selector(selector)
+    return pod.spec(terminationGracePeriodSeconds=0).obj()
+
+
+def policy_body(pool: str, nodes: int) -> dict[str, Any]:
+    policy = PolicyBuilder(f"pool-{pool}").spec(mode="Active").pool({POOL_LABEL: pool})
+    reconfiguration = {"batchWindowSeconds": 1, "maxConcurrentNodes": max(1, min(1024, nodes))}
+    return policy.spec(reconfiguration=reconfiguration).obj()
+
+
+# ---------------------------------------------------------------- processes and /proc
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def memory_mib(pid: int) -> tuple[float, float]:
+    """(peak, current) resident set of a process in MiB: VmHWM and VmRSS."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmHWM", "VmRSS"):
+            values[key] = int(rest.split()[0]) / 1024  # kB
+    return values.get("VmHWM", 0.0), values.get("VmRSS", 0.0)
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Children:
+    """The processes this benchmark starts besides the testbed; `stop()` ends all of them."""
+
+    logs: Path
+    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
+
+    def spawn(self, name: str, argv: list[str]) -> int:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = (self.logs / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+        self.procs[name] = (proc, log)
+        return proc.pid
+
+    def pid(self, name: str) -> int:
+        return self.procs[name][0].pid
+
+    def check_alive(self) -> None:
+        for name, (proc, _) in self.procs.items():
+            if proc.poll() is not None:
+                log = self.logs / f"{name}.log"
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+                raise RuntimeError(f"{name} exited with {proc.returncode}; {log}:\n{tail}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        terminate_all(list(self.procs.values()), grace_s)
+        self.procs.clear()
+
+
+# ---------------------------------------------------------------- API calls, raw
+
+
+class ApiError(RuntimeError):
+    """An error status from the API server (raw calls do not raise the client's own)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def transient(self) -> bool:
+        return self.status == 429 or self.status >= 500
+
+
+async def raw(call: Awaitable[Any]) -> dict[str, Any]:
+    """Await a generated client call made with `_preload_content=False`; fail on an error
+    status, return the JSON body. Raw JSON spares the harness the client's model objects,
+    whose CPU would be taken from the components measured on the same two cores."""
+    resp = await call
+    try:
+        data = await resp.read()
+        if not 200 <= resp.status < 300:
+            what = f"{resp.method} {resp.url.path}: {resp.status} {data[:300]!r}"
+            raise ApiError(resp.status, what)
+        body: dict[str, Any] = json.loads(data) if data else {}
+        return body
+    finally:
+        resp.release()
+
+
+async def follow(
+    list_call: Callable[..., Awaitable[Any]],
+    on_event: Callable[[str, dict[str, Any]], None],
+    *args: Any,
+) -> None:
+    """List, then watch forever (raw JSON), calling `on_event(type, object)` for every object
+    of the list ("ADDED") and every event; lists again when the watch expires (410) and
+    retries after a transient error (e.g. a new CRD's storage still initializing)."""
+    while True:
+        try:
+            await _follow(list_call, on_event, *args)
+        except ApiError as err:
+            if not err.transient:
+                raise
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(1.0)
+
+
+async def _follow(
+    list_call: Callable[..., Awaitable[Any]],
+    on_event: Callable[[str, dict[str, Any]], None],
+    *args: Any,
+) -> None:
+    while True:
+        listed = await raw(list_call(*args, _preload_content=False))
+        for obj in listed["items"]:
+            on_event("ADDED", obj)
+        version = listed["metadata"]["resourceVersion"]
+        while version:
+            resp = await list_call(
+                *args,
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=600,
+                _preload_content=False,
+            )
+            try:
+                if not 200 <= resp.status < 300:
+                    raise ApiError(resp.status, f"watch {resp.url.path}: {resp.status}")
+                async for line in resp.content:
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        version = ""  # gone: list again
+                        break
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        on_event(event["type"], event["object"])
+            finally:
+                resp.release()
+
+
+# ---------------------------------------------------------------- what the harness follows
+
+
+@dataclass
+class Monitor:
+    """Follows MigNodes and claims: which nodes reported their GPUs, which the operator marked
+    Stale, and (`ledger`) every allocated device that vanished from its MigNode after it was
+    allocated, ordered by etcd revisions (migpart.testing.invariants)."""
+
+    reported: set[str] = field(default_factory=set)
+    ledger: DestroyedWhileAllocated = field(default_factory=DestroyedWhileAllocated)
+    stale: set[str] = field(default_factory=set)  # nodes the operator marked Stale
+
+    def on_mignode(self, kind: str, obj: dict[str, Any]) -> None:
+        node = obj["metadata"]["name"]
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Stale" and c.get("status") == "True" for c in conditions):
+            self.stale.add(node)
+        if len((obj.get("status") or {}).get("gpus", [])) == GPUS_PER_NODE:
+            self.reported.add(node)
+        self.ledger.on_mignode(kind, obj)
+
+    def on_claim(self, kind: str, obj: dict[str, Any]) -> None:
+        self.ledger.on_claim(kind, obj)
+
+
+@dataclass
+class LeaseGaps:
+    """Follows the agents' Leases: the longest gap between two renewals of one node (by the
+    agents' own renewTime), so that a node the operator took out of service can be told
+    apart as late agent or late operator. Reset at the start of each burst."""
+
+    last: dict[str, datetime] = field(default_factory=dict)
+    worst_s: float = 0.0
+    late: set[str] = field(default_factory=set)  # nodes with a gap over the lease duration
+
+    def on_lease(self, kind: str, obj: dict[str, Any]) -> None:
+        node = lease_node(obj)
+        renew = (obj.get("spec") or {}).get("renewTime")
+        if node is None or not renew or kind == "DELETED":
+            return
+        at = datetime.fromisoformat(renew.replace("Z", "+00:00"))
+        before = self.last.get(node)
+        self.last[node] = at
+        if before is not None:
+            gap = (at - before).total_seconds()
+            self.worst_s = max(self.worst_s, gap)
+            if gap > LEASE_DURATION_S:
+                self.late.add(node)
+
+    def reset(self) -> None:
+        self.worst_s, self.late = 0.0, set()
+
+
+@dataclass
+class Tracker:
+    """Follows the burst's pods: when each was created (client side, just before the call),
+    first marked Unschedulable, and bound."""
+
+    expected: int
+    created: dict[str, float] = field(default_factory=dict)
+    unschedulable: dict[str, float] = field(default_factory=dict)
+    bound: dict[str, float] = field(default_factory=dict)
+    all_bound: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if name not in self.created or kind == "DELETED":
+            return  # a pod of another burst
+        now = time.monotonic()
+        if name not in self.unschedulable and any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in (obj.get("status") or {}).get("conditions", [])
+        ):
+            self.unschedulable[name] = now
+        if name not in self.bound and (obj.get("spec") or {}).get("nodeName"):
+            self.bound[name] = now
+            if len(self.bound) >= self.expected:
+                self.all_bound.set()
+
+    def delays(self, stamps: dict[str, float]) -> list[float]:
+        return [stamps[n] - t0 for n, t0 in self.created.items() if n in stamps]
+
+
+MIGNODES = (GROUP, VERSION, MIGNODE_PLURAL)
+
+
+async def bounded(coros: Iterable[Awaitable[None]], limit: int) -> None:
+    """Await all of `coros`, at most `limit` at a time."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(coro: Awaitable[None]) -> None:
+        async with gate:
+            await coro
+
+    await asyncio.gather(*(one(c) for c in coros))
+
+
+async def create_node(core: Any, name: str, labels: dict[str, str]) -> None:
+    """A Ready, schedulable Node with no kubelet behind it (as Testbed.add_node, by API)."""
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+    await raw(core.create_node(body, _preload_content=False))
+    status = {"status": ready_node_status()}
+    await raw(
+        core.patch_node_status(name, status, _content_type=MERGE_PATCH, _preload_content=False)
+    )
+    # the API server taints new Nodes not-ready; no node lifecycle controller runs here
+    await raw(
+        core.patch_node(
+            name, {"spec": {"taints": None}}, _content_type=MERGE_PATCH, _preload_content=False
+        )
+    )
+
+
+async def create_pod(core: Any, res: Any, p: PodPlan, tracker: Tracker) -> None:
+    await raw(
+        res.create_namespaced_resource_claim(NAMESPACE, claim_body(p), _preload_content=False)
+    )
+    tracker.created[p.name] = time.monotonic()
+    await raw(core.create_namespaced_pod(NAMESPACE, pod_body(p), _preload_content=False))
+
+
+async def missing_at_end(res: Any, custom: Any) -> list[str]:
+    """Allocated devices that are not in their node's MigNode status now."""
+    claims = await raw(res.list_namespaced_resource_claim(NAMESPACE, _preload_content=False))
+    mignodes = await raw(custom.list_cluster_custom_object(*MIGNODES, _preload_content=False))
+    present = {m["metadata"]["name"]: present_devices(m) for m in mignodes["items"]}
+    return sorted(
+        f"{node}/{device} (claim {c['metadata']['name']})"
+        for c in claims["items"]
+        for node, device in allocated_devices(c)
+        if device not in present.get(node, set())
+    )
+
+
+async def scheduler_attempts(testbed: Testbed) -> Counter[str]:
+    """kube-scheduler's scheduling attempts so far, by result (scheduled, unschedulable,
+    error), from its /metrics."""
+    url = f"https://127.0.0.1:{testbed.ports['kube-scheduler']}/metrics"
+    headers = {"Authorization": f"Bearer {testbed.token}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers=headers, ssl=False) as resp,
+    ):
+        text = await resp.text()
+    out: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith("scheduler_schedule_attempts_total{"):
+            labels, _, value = line.rpartition(" ")
+            result = re.search(r'result="([^"]*)"', labels)
+            out[result.group(1) if result else "?"] += int(float(value))
+    return out
+
+
+def audit_requests(log: Path, user: str, since: float, until: float) -> Counter[str]:
+    """The requests of `user` received in [since, until] (epoch seconds), by verb and
+    resource, from the API server's audit log (one entry per request, see AUDIT_POLICY)."""
+    out: Counter[str] = Counter()
+    if not log.exists():
+        return out
+    with log.open() as lines:
+        for line in lines:
+            entry = json.loads(line)
+            if (entry.get("user") or {}).get("username") != user:
+                continue
+            received = datetime.fromisoformat(entry["requestReceivedTimestamp"]).timestamp()
+            if since <= received <= until:
+                ref = entry.get("objectRef") or {}
+                what = "/".join(filter(None, (ref.get("resource"), ref.get("subresource"))))
+                out[f"{entry['verb']} {what or entry['requestURI']}"] += 1
+    return out
