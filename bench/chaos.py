@@ -181,6 +181,8 @@ def main(argv: list[str]) -> int:
         "gpu-lost",
         "operator-freeze",
         "agent-freeze",
+        "apiserver-restart",
+        "etcd-restart",
     )
     where = Counter(
         f"{n.split()[0]} ({n.rsplit(' (', 1)[-1]}" for n in chaos.c.notes if n.startswith(timed)

@@ -250,10 +250,13 @@ class Chaos:
             await asyncio.sleep(self.rng.uniform(1.0, 3.0))
             self.election.main.start(self.cluster)
         elif kind in ("apiserver-restart", "etcd-restart"):
+            # preferably while a node carries out a spec (its status write must survive it)
+            busy = await self._wait_for(self._reconfiguring, 15.0)
             name = "kube-apiserver" if kind == "apiserver-restart" else "etcd"
             down_s = self.rng.uniform(1.0, 3.0)
             await asyncio.to_thread(self.cluster.testbed.restart, name, down_s)
-            self.c.notes.append(f"{kind} (down {down_s:.1f} s)")
+            where = "mid-spec" if busy else "idle"
+            self.c.notes.append(f"{kind} down {down_s:.1f} s ({where})")
         elif kind == "node-delete":
             busy = await self._wait_for(self._reconfiguring, 15.0)
             node = self.rng.choice(self._reconfiguring() if busy else sorted(self.cluster.nodes))
