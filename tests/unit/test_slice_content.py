@@ -7,12 +7,7 @@ from __future__ import annotations
 import pytest
 
 from migpart.api.models import (
-    GpuSpec,
-    GpuStatus,
-    MigInstanceSpec,
     MigNode,
-    MigNodeSpec,
-    MigNodeStatus,
 )
 from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION
 from migpart.kube.cel import device_from_slice, virtual_device
@@ -27,23 +22,9 @@ from migpart.slice_content import (
     slice_name,
     wanted_devices,
 )
-from tests.unit.kube.factories import H100, gpu
-
-
-def node(gpus: list[GpuStatus], spec: dict[int, list[tuple[str, int]]] | None = None) -> MigNode:
-    return MigNode(
-        metadata={"name": "n"},
-        spec=None
-        if spec is None
-        else MigNodeSpec(
-            plan_id="p",
-            gpus=[
-                GpuSpec(index=i, instances=[MigInstanceSpec(profile=p, start=s) for p, s in insts])
-                for i, insts in spec.items()
-            ],
-        ),
-        status=MigNodeStatus(gpus=gpus),
-    )
+from migpart.testing.builders import H100
+from tests.unit.kube.factories import gpu
+from tests.unit.kube.factories import spec_node as node
 
 
 def content(n: MigNode, withdrawn: tuple[str, ...] = (), available: bool = True) -> SliceContent:

@@ -9,35 +9,15 @@ from typing import Any, cast
 import pytest
 
 from migpart.api.models import (
-    GpuSpec,
-    GpuStatus,
-    MigInstanceSpec,
     MigNode,
-    MigNodeSpec,
-    MigNodeStatus,
 )
 from migpart.kube import slice_publisher
 from migpart.kube.slice_publisher import SlicePublisher
 from migpart.kube.slice_watch import SliceState
 from migpart.slice_content import SliceContent, node_slices
 from tests.unit.kube.factories import gpu
+from tests.unit.kube.factories import spec_node as node
 from tests.unit.kube.factories import watched_slice as watched
-
-
-def node(gpus: list[GpuStatus], spec: dict[int, list[tuple[str, int]]] | None = None) -> MigNode:
-    return MigNode(
-        metadata={"name": "n"},
-        spec=None
-        if spec is None
-        else MigNodeSpec(
-            plan_id="p",
-            gpus=[
-                GpuSpec(index=i, instances=[MigInstanceSpec(profile=p, start=s) for p, s in insts])
-                for i, insts in spec.items()
-            ],
-        ),
-        status=MigNodeStatus(gpus=gpus),
-    )
 
 
 def content(n: MigNode) -> SliceContent:
