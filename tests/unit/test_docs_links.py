@@ -1,7 +1,8 @@
 """Every relative link in README.md and docs/*.md leads somewhere: `[..](file.md#anchor)` names
 an existing file and, where it has one, an anchor that a heading of that file gets on GitHub;
 `[..](#anchor)` names a heading of the same file; a link to any other file (an image, a
-manifest) names a file that exists.
+manifest) names a file that exists. Every one of these Markdown files stays under 500 lines
+(split a longer one by topic and move its links with it).
 """
 
 from __future__ import annotations
@@ -80,3 +81,9 @@ def test_a_relative_link_resolves(doc: str, target: str) -> None:
     if anchor:
         assert file.suffix == ".md", f"{doc} links to {target}: an anchor in a non-Markdown file"
         assert anchor in anchors(file.resolve()), f"{doc} links to {target}: no such heading"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_a_doc_stays_under_500_lines(doc: Path) -> None:
+    lines = len(doc.read_text().splitlines())
+    assert lines <= 500, f"{doc.name} has {lines} lines: split it by topic"
