@@ -8,7 +8,7 @@ kustomize manifests, in migpart-system and in other namespaces.
 - `helm install --dry-run=server` refuses a values file with a wrong type or an unknown key,
   naming it.
 - Installed into another namespace, by a kustomize overlay (`namespace: gpu-system`, alone
-  and with the replacements docs/deploy.md gives) and by the chart, the admission policy
+  and with the replacements docs/helm.md gives) and by the chart, the admission policy
   still refuses an agent's write to another node's MigNode and Lease, made with the agent's
   own bound token.
 
@@ -216,7 +216,7 @@ def assert_lease_confined(bed: Testbed, token: str) -> None:
     assert f"may write only Lease {lease_name(a)}, not {lease_name(b)}" in message
 
 
-# docs/deploy.md#another-namespace: the overlay's replacements that keep the Lease Roles and
+# docs/helm.md#another-namespace: the overlay's replacements that keep the Lease Roles and
 # RoleBindings in kube-node-lease, from manifests/lease-namespace.yaml (local-config).
 LEASE_REPLACEMENTS = yaml.safe_load("""
 - source: {kind: ConfigMap, name: migpart-lease-namespace, fieldPath: data.namespace}

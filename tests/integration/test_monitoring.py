@@ -3,7 +3,7 @@
 /metrics endpoints as Prometheus scrapes them.
 
 Metrics are declared on each process's registry at start, and the series whose labels are
-known up front are created at zero (docs/operations.md, "Series that exist before anything
+known up front are created at zero (docs/monitoring.md, "Series that exist before anything
 happened"), so the check does not depend on which events happened to occur: each queried
 name must have samples, except the few whose labels only an event gives (EVENT_LABELLED),
 which must at least be declared (`# TYPE`). A policy with a spare makes the operator plan and

@@ -69,7 +69,7 @@ def by_key(docs: list[Doc]) -> dict[tuple[str, str, str, str], Doc]:
 def test_chart_renders_the_kustomize_objects() -> None:
     """Default values, namespace migpart-system: the objects of `kustomize build manifests/`,
     except the Namespace, which a Helm release cannot own (the release record lives in it;
-    docs/deploy.md creates it first). The Namespace the chart renders on request
+    docs/helm.md creates it first). The Namespace the chart renders on request
     (namespace.create) is the kustomize one."""
     built = by_key(kustomize_build())
     chart = by_key(render())

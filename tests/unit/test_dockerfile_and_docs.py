@@ -110,8 +110,8 @@ def exposed_metrics() -> set[str]:
     return names
 
 
-def test_operations_doc_lists_every_metric() -> None:
-    text = (ROOT / "docs" / "operations.md").read_text()
+def test_monitoring_doc_lists_every_metric() -> None:
+    text = (ROOT / "docs" / "monitoring.md").read_text()
     documented = set(re.findall(r"\bmigpart_[a-z_]+[a-z]", text))
     exposed = {n for n in exposed_metrics() if n.startswith("migpart_")}
     counters = {n for n in exposed if n.endswith("_total")}
@@ -119,7 +119,7 @@ def test_operations_doc_lists_every_metric() -> None:
     gauges = exposed - {n for n in exposed if re.search(r"_(total|bucket|sum|count)$", n)}
     gauges -= histograms
     missing = (counters | histograms | gauges) - documented
-    assert not missing, f"docs/operations.md does not describe {sorted(missing)}"
+    assert not missing, f"docs/monitoring.md does not describe {sorted(missing)}"
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)

@@ -107,13 +107,13 @@ def test_alerts_carry_severity_summary_description_and_a_runbook() -> None:
         assert anchor == str(rule["alert"]).lower(), "one runbook section per alert, named after it"
 
 
-def test_operations_doc_points_to_the_rules_file_and_holds_no_copy() -> None:
-    text = (ROOT / "docs" / "operations.md").read_text()
+def test_monitoring_doc_points_to_the_rules_file_and_holds_no_copy() -> None:
+    text = (ROOT / "docs" / "monitoring.md").read_text()
     assert "manifests/helm/migpart/files/prometheus-rules.yaml" in text
     assert "- alert:" not in text
     assert "groups:" not in text
     for rule in alerts():
-        assert f"`{rule['alert']}`" in text, f"docs/operations.md does not list {rule['alert']}"
+        assert f"`{rule['alert']}`" in text, f"docs/monitoring.md does not list {rule['alert']}"
 
 
 # ------------------------------------------------------------------ dashboard
