@@ -1,7 +1,7 @@
 # migpart image: `migpart operator` (Deployment) and `migpart agent` (DaemonSet) from one image.
 #
 #   make image      buildah, on a Python base made here from Debian packages: no registry needed
-#                   (hack/image/build.sh; docs/deploy.md, "Building the image")
+#                   (hack/image/build.sh; docs/deploy.md, "Building it: `make image`")
 #   docker build --build-arg BASE_IMAGE=python:3.11-slim-bookworm@sha256:DIGEST \
 #                --build-arg BUILD_IMAGE=python:3.11-slim-bookworm@sha256:DIGEST .
 #

@@ -1,4 +1,4 @@
-"""The destroy protocol against the real API server (ARCHITECTURE.md, "the destroy race").
+"""The destroy protocol against the real API server (docs/destroy-protocol.md).
 
 A free instance that a plan destroys is first withdrawn from the node's ResourceSlice, then the
 claims are read with a quorum read, and only then does MigNode.spec drop it. When a claim got the
