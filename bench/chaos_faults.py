@@ -129,6 +129,14 @@ def _epoch(stamp: str) -> float:
     return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
 
 
+def _micro_epoch(stamp: Any) -> float | None:
+    """A Lease's MicroTime (`2026-11-25T20:26:51.189000Z`) in epoch seconds; None if absent."""
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    whole, _, fraction = stamp.removesuffix("Z").partition(".")
+    return _epoch(whole + "Z") + (float("0." + fraction) if fraction else 0.0)
+
+
 @dataclass
 class ElectionMonitor:
     """When each operator identity held the election Lease (seen by polling), and the writes
@@ -140,13 +148,17 @@ class ElectionMonitor:
     violations: set[str] = field(default_factory=set)
 
     def lease_seen(self, spec: dict[str, Any], now: float) -> None:
+        """A look at the Lease at `now`. A stretch starts at the Lease's `acquireTime` where it
+        has one: the look may come seconds after the take-over when the API server was down
+        (a write right after the take-over is the holder's, not a stranger's)."""
         holder = str(spec.get("holderIdentity") or "")
         if holder:
             stretches = self.held.setdefault(holder, [])
             if holder == self.last_holder and stretches:
                 stretches[-1][1] = now
             else:
-                stretches.append([now, now])
+                acquired = _micro_epoch(spec.get("acquireTime"))
+                stretches.append([min(now, acquired or now), now])
         self.last_holder = holder
 
     def leading_at(self, identity: str, at: float) -> bool:
