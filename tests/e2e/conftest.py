@@ -117,7 +117,8 @@ class Scenario:
 
     def policy(self, mode: str = "Active", **spec: Any) -> str:
         policy = PolicyBuilder(self.pool).pool({POOL_LABEL: self.pool}).spec(mode=mode)
-        policy.spec(reconfiguration={"batchWindowSeconds": 1, "maxConcurrentNodes": 4}, **spec)
+        defaults = {"reconfiguration": {"batchWindowSeconds": 1, "maxConcurrentNodes": 4}}
+        policy.spec(**{**defaults, **spec})  # a test's own reconfiguration replaces the default
         body = policy.obj()
         self.tb.kubectl("apply", "-f", "-", input=json.dumps(body))
         return self.pool
