@@ -8,6 +8,9 @@ from typing import Any
 import yaml
 
 from migpart.api.models import GpuStatus, MigNode, MigNodeStatus
+from migpart.clock import ManualClock
+from migpart.controller.health import NodeHealth
+from migpart.controller.state import OperatorState
 from migpart.testing.builders import ClaimBuilder, PolicyBuilder, profile_is
 from tests.unit.kube.factories import gpu
 
@@ -50,3 +53,17 @@ def placement(priority: int = 0, **selector: str) -> dict[str, Any]:
         "tolerations": [],
         "priority": priority,
     }
+
+
+def offline_state(effects: Any, publisher: Any = None) -> OperatorState:
+    """An OperatorState with no API client: `effects` (the in-memory twin, or a recorder) and
+    a manual clock that the test advances through `state.clock`."""
+    clock = ManualClock()
+    return OperatorState(
+        api=None,  # type: ignore[arg-type]
+        credentials=None,  # type: ignore[arg-type]
+        publisher=publisher,
+        effects=effects,
+        clock=clock,
+        health=NodeHealth(clock),
+    )

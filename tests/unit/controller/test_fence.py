@@ -10,18 +10,16 @@ from typing import Any, cast
 import pytest
 
 from migpart.api.models import MigNode
-from migpart.clock import ManualClock
 from migpart.controller import handlers
 from migpart.controller.decisions import refused_spec_repair
 from migpart.controller.effects import InMemoryEffects, Refused
-from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.state import OperatorState
 from migpart.errors import NotLeader
 from migpart.kube.election import InMemoryLeaseStore, LeaderElector, Unelected
 from migpart.kube.slice_publisher import SlicePublisher
 from migpart.mig import Instance
-from tests.unit.controller.factories import claim
+from tests.unit.controller.factories import claim, offline_state
 from tests.unit.controller.test_round import one_gpu, world
 
 
@@ -41,16 +39,7 @@ async def leader() -> tuple[LeaderElector, Clock]:
 
 
 def operator(effects: InMemoryEffects, publisher: Any = None) -> OperatorState:
-    none = cast(Any, None)
-    clock = ManualClock()
-    return OperatorState(
-        api=none,
-        credentials=none,
-        publisher=publisher,
-        effects=effects,
-        clock=clock,
-        health=NodeHealth(clock),
-    )
+    return offline_state(effects, publisher=publisher)
 
 
 async def test_a_spec_carries_the_terms_fencing_token() -> None:

@@ -7,11 +7,8 @@ import asyncio
 from typing import Any, cast
 
 from migpart.api.models import MigNode
-from migpart.clock import ManualClock
-from migpart.controller.health import NodeHealth
 from migpart.controller.mignodes import MigNodeWatch
-from migpart.controller.state import OperatorState
-from tests.unit.controller.factories import mignode
+from tests.unit.controller.factories import mignode, offline_state
 
 
 class Publisher:
@@ -41,18 +38,9 @@ class Publisher:
 
 def watch() -> tuple[MigNodeWatch, Publisher, asyncio.Event]:
     publisher = Publisher()
-    none = cast(Any, None)
     # the recorder stands in for the publisher and for the write port that publishes through it
     fake = cast(Any, publisher)
-    clock = ManualClock()
-    state = OperatorState(
-        api=none,
-        credentials=none,
-        publisher=fake,
-        effects=fake,
-        clock=clock,
-        health=NodeHealth(clock),
-    )
+    state = offline_state(fake, publisher=fake)
     listed = asyncio.Event()
     return MigNodeWatch(state, listed), publisher, listed
 

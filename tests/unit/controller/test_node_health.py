@@ -12,11 +12,17 @@ from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
-from migpart.controller.state import OperatorState
 from migpart.dra import DRIVER
 from migpart.kube.leases import stale_conditions
 from migpart.kube.placement import NodeFacts
-from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy
+from tests.unit.controller.factories import (
+    DEVICE_CLASS,
+    claim,
+    mignode,
+    offline_state,
+    placement,
+    policy,
+)
 from tests.unit.kube.factories import gpu
 
 
@@ -146,16 +152,7 @@ def _world(unavailable: dict[str, str]) -> Cluster:
 
 async def _round(cluster: Cluster) -> InMemoryEffects:
     effects = InMemoryEffects(mignodes=dict(cluster.mignodes))
-    none = cast(Any, None)
-    clock = ManualClock()
-    state = OperatorState(
-        api=none,
-        credentials=none,
-        publisher=none,
-        effects=effects,
-        clock=clock,
-        health=NodeHealth(clock),
-    )
+    state = offline_state(effects)
     await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
     return effects
 
@@ -329,16 +326,7 @@ async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last
 
     effects = InMemoryEffects()
     publisher = SlicePublisher(cast(Any, None))
-    none = cast(Any, None)
-    clock = ManualClock()
-    state = OperatorState(
-        api=none,
-        credentials=none,
-        publisher=publisher,
-        effects=effects,
-        clock=clock,
-        health=NodeHealth(clock),
-    )
+    state = offline_state(effects, publisher=publisher)
 
     def writes() -> list[tuple[str, str, str]]:
         return [

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from migpart.api.models import MigNode
 from migpart.clock import ManualClock
 from migpart.controller.effects import InMemoryEffects
-from migpart.controller.health import NodeHealth
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
@@ -18,7 +17,14 @@ from migpart.dra import DRIVER
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import reconfiguring
 from migpart.planning.model import Plan
-from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy
+from tests.unit.controller.factories import (
+    DEVICE_CLASS,
+    claim,
+    mignode,
+    offline_state,
+    placement,
+    policy,
+)
 from tests.unit.kube.factories import gpu
 
 
@@ -36,16 +42,7 @@ def world(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]], **spec
 
 
 def operator(effects: InMemoryEffects) -> OperatorState:
-    none = cast(Any, None)
-    clock = ManualClock()
-    return OperatorState(
-        api=none,
-        credentials=none,
-        publisher=none,
-        effects=effects,
-        clock=clock,
-        health=NodeHealth(clock),
-    )
+    return offline_state(effects)
 
 
 def clock_of(state: OperatorState) -> ManualClock:
