@@ -53,6 +53,7 @@ import sys
 from signal import SIGINT, SIGTERM
 from typing import Any
 
+import scale_pairs  # bench/, next to this script
 from migpart.testbed import build
 from scale_cluster import (  # bench/, next to this script
     AGENTS_NICE,
@@ -99,6 +100,15 @@ def main() -> int:
         "--no-leader-elect measures it without, for the comparison",
     )
     p.add_argument(
+        "--election-pairs",
+        type=int,
+        default=0,
+        metavar="K",
+        help="instead of the plain run: K pairs of bursts in one control plane, the operator "
+        "with leader election on and off in ABBA order, compared by medians "
+        "(bench/scale_pairs.py)",
+    )
+    p.add_argument(
         "--no-baseline",
         dest="baseline",
         action="store_false",
@@ -123,6 +133,10 @@ def main() -> int:
         f" (nice {AGENTS_NICE} where permitted: they stand for machines of their own)",
         flush=True,
     )
+    if args.election_pairs > 0:
+        for nodes in args.sizes:
+            scale_pairs.report(run_size(nodes, args, binary, body=scale_pairs.body))
+        return 0
     results = []
     for nodes in args.sizes:
         result = run_size(nodes, args, binary)

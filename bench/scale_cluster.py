@@ -202,6 +202,12 @@ class Children:
         terminate_all(list(self.procs.values()), grace_s)
         self.procs.clear()
 
+    def stop_one(self, name: str, grace_s: float = 10.0) -> None:
+        """End one child (SIGTERM, the grace period, SIGKILL); the others run on."""
+        entry = self.procs.pop(name, None)
+        if entry is not None:
+            terminate_all([entry], grace_s)
+
 
 # ---------------------------------------------------------------- API calls, raw
 

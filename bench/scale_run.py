@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from signal import SIGINT, SIGTERM
@@ -87,6 +87,7 @@ class Size:
     tracker: Tracker = field(default_factory=lambda: Tracker(0))  # the burst's, once started
     monitor: Monitor = field(default_factory=Monitor)
     leases: LeaseGaps = field(default_factory=LeaseGaps)
+    agent_runs: int = 0  # each start of the agents gets GPUs of its own (a fresh state dir)
 
     def check_alive(self) -> None:
         """Raise if a component, a child process or one of the harness's watches ended."""
@@ -130,7 +131,9 @@ class Size:
         out["harness"] = own_cpu_seconds()
         return out
 
-    async def run(self) -> Result:
+    async def run(self, body: Callable[..., Awaitable[Any]] | None = None) -> Any:
+        """Follow the cluster and run `body(core, res, custom, pods)` (default: one size's
+        burst and baseline, `_run`, returning its Result)."""
         cfg = Configuration()
         await kube_config.load_kube_config(
             config_file=str(self.testbed.kubeconfig), client_configuration=cfg
@@ -168,6 +171,8 @@ class Size:
                 ),
             ]
             try:
+                if body is not None:
+                    return await body(core, res, custom, pods)
                 return await self._run(core, res, custom, pods, monitor)
             finally:
                 for task in self.followers:
@@ -189,61 +194,12 @@ class Size:
         self.setup_s["nodes"] = time.monotonic() - started
 
         started = time.monotonic()
-        nodes_file = self.work / "nodes.txt"
-        nodes_file.write_text("\n".join(names) + "\n")
-        agents = self.children.spawn(
-            "agents",
-            [
-                sys.executable,
-                str(BENCH / "scale_agents.py"),
-                "--kubeconfig",
-                str(self.testbed.kubeconfig),
-                "--nodes-file",
-                str(nodes_file),
-                "--state-dir",
-                str(self.work / "agents"),
-                "--latency-ms",
-                str(self.args.latency_ms),
-            ],
-        )
-        # The agents stand for N machines, each with its own CPU: their Lease renewals must
-        # not wait behind the control plane and the operator on this one machine.
-        with contextlib.suppress(PermissionError):
-            os.setpriority(os.PRIO_PROCESS, agents, AGENTS_NICE)
-        await self.wait(
-            "every agent to report its GPUs",
-            lambda: len(monitor.reported) >= self.nodes,
-            120 + 0.5 * self.nodes,
-        )
+        await self.start_agents()
         self.setup_s["agents"] = time.monotonic() - started
 
         started = time.monotonic()
-        for pool in POOLS:
-            await raw(
-                custom.create_cluster_custom_object(
-                    GROUP,
-                    VERSION,
-                    POLICY_PLURAL,
-                    policy_body(pool, self.nodes // 2),
-                    _preload_content=False,
-                )
-            )
-        operator = self.children.spawn(
-            "operator",
-            [
-                sys.executable,
-                "-m",
-                "migpart.cli",
-                "operator",
-                "--kubeconfig",
-                str(self.operator_kubeconfig),
-                "--metrics-port",
-                "0",
-                "--leader-elect" if self.args.leader_elect else "--no-leader-elect",
-            ],
-        )
-        await asyncio.sleep(QUIET_WINDOW_S)  # let it get going before asking if it is quiet
-        await self.quiet(operator, 60 + 0.3 * self.nodes)
+        await self.create_policies(custom)
+        operator = await self.start_operator(self.args.leader_elect)
         self.setup_s["operator"] = time.monotonic() - started
         idle_before = await self.idle_pct(operator)
 
@@ -291,6 +247,72 @@ class Size:
             first=burst,
             baseline=baseline,
         )
+
+    async def start_agents(self) -> int:
+        """Start the process hosting every node's agent, on GPUs without MIG instances (a
+        state directory of its own each time), and wait until every MigNode reports its GPUs,
+        so that agent start-up is not part of a burst."""
+        self.agent_runs += 1
+        nodes_file = self.work / "nodes.txt"
+        nodes_file.write_text("\n".join(node_names(self.nodes)) + "\n")
+        agents = self.children.spawn(
+            "agents",
+            [
+                sys.executable,
+                str(BENCH / "scale_agents.py"),
+                "--kubeconfig",
+                str(self.testbed.kubeconfig),
+                "--nodes-file",
+                str(nodes_file),
+                "--state-dir",
+                str(self.work / f"agents-{self.agent_runs}"),
+                "--latency-ms",
+                str(self.args.latency_ms),
+            ],
+        )
+        # The agents stand for N machines, each with its own CPU: their Lease renewals must
+        # not wait behind the control plane and the operator on this one machine.
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, agents, AGENTS_NICE)
+        await self.wait(
+            "every agent to report its GPUs",
+            lambda: len(self.monitor.reported) >= self.nodes,
+            120 + 0.5 * self.nodes,
+        )
+        return agents
+
+    async def create_policies(self, custom: Any) -> None:
+        for pool in POOLS:
+            await raw(
+                custom.create_cluster_custom_object(
+                    GROUP,
+                    VERSION,
+                    POLICY_PLURAL,
+                    policy_body(pool, self.nodes // 2),
+                    _preload_content=False,
+                )
+            )
+
+    async def start_operator(self, leader_elect: bool) -> int:
+        """Start the real operator (as the audited user of its own) and wait until it is
+        quiet; return its pid."""
+        operator = self.children.spawn(
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "migpart.cli",
+                "operator",
+                "--kubeconfig",
+                str(self.operator_kubeconfig),
+                "--metrics-port",
+                "0",
+                "--leader-elect" if leader_elect else "--no-leader-elect",
+            ],
+        )
+        await asyncio.sleep(QUIET_WINDOW_S)  # let it get going before asking if it is quiet
+        await self.quiet(operator, 60 + 0.3 * self.nodes)
+        return operator
 
     async def burst(self, core: Any, res: Any, pods: list[PodPlan], operator: int) -> Burst:
         """Create `pods` (and their claims) at once and follow them until all are bound (or
@@ -364,7 +386,14 @@ def signals_held() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_size(nodes: int, args: argparse.Namespace, binary: Path) -> Result:
+def run_size(
+    nodes: int,
+    args: argparse.Namespace,
+    binary: Path,
+    body: Callable[[Size], Callable[..., Awaitable[Any]]] | None = None,
+) -> Any:
+    """One size on a fresh testbed: its Result, or what `body(size)` returns
+    (bench/scale_pairs.py)."""
     work = Path(tempfile.mkdtemp(prefix=f"migpart-scale-{nodes}-"))
     audit_policy, audit_log = work / "audit-policy.yaml", work / "audit.log"
     audit_policy.write_text(AUDIT_POLICY)
@@ -400,6 +429,10 @@ def run_size(nodes: int, args: argparse.Namespace, binary: Path) -> Result:
             testbed.kubeconfig_for(OPERATOR_USER, work / "operator.kubeconfig"),
             audit_log,
         )
+        if body is not None:
+            outcome = asyncio.run(size.run(body(size)))
+            ok = bool(getattr(outcome, "ok", False))
+            return outcome
         result = asyncio.run(size.run())
         ok = result.all_bound and not result.destroyed_in_use and not result.missing_at_end
         return result
