@@ -147,6 +147,18 @@ def test_counters_of_an_allocated_device_that_left_the_slice_are_free_again(
     assert allocated(cluster, "kept") == SEVEN[0]
 
 
+def test_a_placement_tainted_no_schedule_is_passed_over(cluster: Testbed) -> None:
+    bed, node = cluster, "tainted"
+    bed.add_node(node)
+    devices = SliceBuilder(f"{node}-devices", node).device(THREE_LOW[0], profile="3g.40gb")
+    devices.taint("migpart.io/withheld", "NoSchedule", "planner")
+    apply(bed, devices.device(THREE_HIGH[0], profile="3g.40gb").obj())
+    claim_and_pod(bed, "untainted", node)
+    # DRADeviceTaints: beta (on) from 1.36, GA in 1.37; alpha (off) in 1.34, taint dropped
+    expected = THREE_HIGH[0] if PARTITIONABLE else THREE_LOW[0]
+    assert eventually(lambda: allocated(bed, "untainted")) == expected
+
+
 def device_status(claim: str, node: str, device: str, condition: str) -> dict[str, Any]:
     return {
         "devices": [

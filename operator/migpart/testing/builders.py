@@ -332,6 +332,12 @@ class SliceBuilder(_Meta):
         device.update(fields)
         return self
 
+    def taint(self, key: str, effect: str, value: str = "") -> Self:
+        """The last device gets a device taint (KEP-5055)."""
+        taint = {"key": key, "effect": effect, **({"value": value} if value else {})}
+        self._spec["devices"][-1].setdefault("taints", []).append(taint)
+        return self
+
     def spec(self, **fields: Any) -> Self:
         self._spec.update(fields)
         return self
