@@ -12,7 +12,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from migpart.clock import RealClock
 from migpart.controller.allocation import NOT_PUBLISHING, OFFER_PUBLISHING
-from migpart.kube.features import discover_dra_features
+from migpart.kube.features import discover_dra_features, dry_run_create
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
 from tests.integration.conftest import (
@@ -33,7 +33,7 @@ SERVED = kube_version() >= "1.36"
 
 
 async def test_the_probes_find_what_the_api_server_serves(api: ApiClient) -> None:
-    features = await discover_dra_features(api, RealClock())
+    features = await discover_dra_features(dry_run_create(api), RealClock())
     assert features.partitionable_devices == SERVED
     assert features.binding_conditions == SERVED
     assert features.offer_served == SERVED

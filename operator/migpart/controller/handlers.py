@@ -59,7 +59,7 @@ from migpart.kube.election import (
     new_identity,
     user_agent,
 )
-from migpart.kube.features import discover_dra_features
+from migpart.kube.features import discover_dra_features, dry_run_create
 from migpart.kube.leases import stale_conditions, watch_leases
 from migpart.kube.slice_publisher import Published, SlicePublisher
 from migpart.kube.slice_watch import SliceWatch, watch_slices
@@ -160,7 +160,7 @@ async def startup(
         tick_s=config.tick_s,
         withdraw_grace_s=config.withdraw_grace_s,
         health=health,
-        dra=await discover_dra_features(api, config.clock),
+        dra=await discover_dra_features(dry_run_create(api), config.clock),
     )
     memo.state = state
 

@@ -14,7 +14,7 @@ changes only with an API server restart, and the operator restarts with the clus
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,23 +103,36 @@ def features_of(counters: Mapping[str, Any], devices: Mapping[str, Any]) -> DraF
     return DraFeatures(partitionable, binding, "; ".join(p for p in parts if p))
 
 
-async def discover_dra_features(api: ApiClient, clock: Clock, attempts: int = 3) -> DraFeatures:
-    """Ask the API server (dry-run creates, nothing persisted) what it serves.
+DryRunCreate = Callable[[dict[str, Any]], Awaitable[Mapping[str, Any]]]
+"""Create a ResourceSlice with `dryRun=All` and return what the API server answered."""
 
-    A 400/422 (the server knows the kind but refuses the fields: an older API) means not
-    served; a failure to ask (no answer, forbidden) is retried a few times and then reported
-    as unknown, which resolves like "not served" and says so.
-    """
+
+def dry_run_create(api: ApiClient) -> DryRunCreate:
     custom = CustomObjectsApi(api)
+
+    async def create(body: dict[str, Any]) -> Mapping[str, Any]:
+        answer: Mapping[str, Any] = await custom.create_cluster_custom_object(
+            RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, body, dry_run="All"
+        )
+        return answer
+
+    return create
+
+
+async def discover_dra_features(
+    create: DryRunCreate, clock: Clock, attempts: int = 3
+) -> DraFeatures:
+    """Ask the API server (dry-run creates through `create`, nothing persisted) what it serves.
+
+    A 400/422 (the server knows the kind but refuses the probe) means not served; a failure to
+    ask (no answer, forbidden) is retried `attempts` times, then reported as unknown, which
+    resolves like "not served" and says so.
+    """
     why = "not asked"
     for attempt in range(attempts):
         try:
-            answers = [
-                await custom.create_cluster_custom_object(
-                    RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, body, dry_run="All"
-                )
-                for body in (counters_probe(), devices_probe())
-            ]
+            counters = await create(counters_probe())
+            devices = await create(devices_probe())
         except ApiException as e:
             if e.status in (400, 422):
                 return DraFeatures.unknown(f"the API server refused the probe: {e.reason}")
@@ -127,9 +140,10 @@ async def discover_dra_features(api: ApiClient, clock: Clock, attempts: int = 3)
         except (aiohttp.ClientError, TimeoutError) as e:
             why = f"could not ask the API server: {e!r}"
         else:
-            features = features_of(answers[0], answers[1])
+            features = features_of(counters, devices)
             log.info("dra_features_discovered", detail=features.detail)
             return features
         log.warning("dra_features_unknown", attempt=attempt + 1, reason=why)
-        await clock.sleep(2.0 * (attempt + 1))
+        if attempt + 1 < attempts:
+            await clock.sleep(2.0 * (attempt + 1))
     return DraFeatures.unknown(why)

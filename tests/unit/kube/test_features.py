@@ -1,13 +1,24 @@
-"""What the API server's answers to the dry-run probes say it serves (kube/features.py); the
-probes against real API servers are tests/integration/test_allocation_mode.py."""
+"""What the API server's answers to the dry-run probes say it serves (kube/features.py), and how
+discovery retries; the probes against real API servers: tests/integration/test_allocation_mode.py.
+"""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from migpart.clock import ManualClock
 from migpart.dra import DRIVER
-from migpart.kube.features import counters_probe, devices_probe, features_of
+from migpart.kube.features import (
+    counters_probe,
+    devices_probe,
+    discover_dra_features,
+    features_of,
+)
 
 
 def answered(body: dict[str, Any], *dropped: str) -> dict[str, Any]:
@@ -62,3 +73,53 @@ def test_dropped_binding_conditions_mean_no_binding_conditions() -> None:
 def test_an_answer_without_devices_serves_nothing() -> None:
     features = features_of({}, {"spec": {}})
     assert not features.offer_served
+
+
+class Server:
+    """A dry-run create that fails with `failures` first, then answers with the body as is
+    (an API server that serves every field)."""
+
+    def __init__(self, *failures: Exception) -> None:
+        self.failures = list(failures)
+        self.asked: list[str] = []
+
+    async def __call__(self, body: dict[str, Any]) -> Mapping[str, Any]:
+        self.asked.append(body["metadata"]["name"])
+        if self.failures:
+            raise self.failures.pop(0)
+        return body
+
+
+async def test_discovery_asks_with_both_probes() -> None:
+    server = Server()
+    features = await discover_dra_features(server, ManualClock())
+    assert features.offer_served
+    assert server.asked == [
+        counters_probe()["metadata"]["name"],
+        devices_probe()["metadata"]["name"],
+    ]
+
+
+async def test_a_failure_to_ask_is_retried_with_a_growing_pause() -> None:
+    server = Server(ApiException(status=503, reason="Service Unavailable"), aiohttp.ClientError())
+    clock = ManualClock()
+    features = await discover_dra_features(server, clock)
+    assert features.offer_served
+    assert clock.slept_s == 2.0 + 4.0
+
+
+async def test_a_server_that_never_answers_serves_nothing_and_says_why() -> None:
+    server = Server(*(ApiException(status=403, reason="Forbidden") for _ in range(3)))
+    clock = ManualClock()
+    features = await discover_dra_features(server, clock)
+    assert not features.offer_served
+    assert features.detail == "could not ask the API server: HTTP 403 Forbidden"
+    assert clock.slept_s == 2.0 + 4.0
+
+
+async def test_a_refused_probe_means_not_served_at_once() -> None:
+    server = Server(ApiException(status=422, reason="Unprocessable Entity"))
+    features = await discover_dra_features(server, ManualClock())
+    assert not features.offer_served
+    assert "refused the probe" in features.detail
+    assert len(server.asked) == 1
