@@ -29,7 +29,7 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.integration
 
 # On by default from 1.36 (kube_features.go); the testbed sets no feature gates.
-SERVED = kube_version() >= "1.36"
+SERVED = tuple(int(p) for p in kube_version().split(".")[:2]) >= (1, 36)
 
 
 async def test_the_probes_find_what_the_api_server_serves(api: ApiClient) -> None:

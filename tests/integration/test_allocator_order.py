@@ -28,7 +28,7 @@ NS = "default"
 GPU = "gpu-0"
 COMPUTE = "compute-slices"
 # On by default from 1.36 (kube_features.go); the testbed sets no feature gates.
-PARTITIONABLE = kube_version() >= "1.36"
+PARTITIONABLE = tuple(int(p) for p in kube_version().split(".")[:2]) >= (1, 36)
 READY = "migpart.io/instance-created"
 FAILED = "migpart.io/instance-failed"
 
