@@ -234,6 +234,7 @@ def policy_crd() -> dict[str, Any]:
         "gpp",
         [
             {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
+            {"name": "Allocation", "type": "string", "jsonPath": ".status.allocation.mode"},
             {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
             {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
             {"name": "Pending", "type": "integer", "jsonPath": ".status.pendingRequests"},

@@ -206,11 +206,9 @@ class GpuStatus(_Model):
 
 
 class MigNodeSummary(_Model):
-    """Counts for `kubectl get mn` (printer columns take JSONPath only, no arithmetic).
-
-    Filled by the agent with every status write (`MigNodeStatus.summarized`): `synced` is
-    `observedPlanId == spec.planId` at the time of the write.
-    """
+    """Counts for `kubectl get mn` (printer columns take JSONPath only, no arithmetic), filled
+    by the agent with every status write (`MigNodeStatus.summarized`): `synced` is
+    `observedPlanId == spec.planId` at the time of the write."""
 
     gpus: NonNegative = 0
     instances: NonNegative = 0
@@ -278,6 +276,7 @@ class MigNode(_Model):
 # --------------------------------------------------------------------------- GpuPartitionPolicy
 
 PolicyMode = Literal["Active", "DryRun"]
+AllocationMode = Literal["Reactive", "Offer", "Auto"]
 SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 
 _SELECTOR_VALUES_RULE = {
@@ -419,6 +418,8 @@ class GpuPartitionPolicySpec(_Model):
     spares: Annotated[list[SpareSpec], _map_list("profile", MAX_SPARES)] = []
     """Free instances to keep ready across the policy's nodes."""
     reconfiguration: Reconfiguration = Reconfiguration()
+    allocation: AllocationMode = "Auto"
+    """Reactive, Offer, or Auto: Offer where the API server serves it (docs/offer-mode.md)."""
 
     @model_validator(mode="after")
     def _spares_permitted(self) -> GpuPartitionPolicySpec:
@@ -465,6 +466,13 @@ class UnavailableNode(_Model):
     reason: UnavailableReason
 
 
+class AllocationStatus(_Model):
+    """The allocation mode in effect: spec.allocation resolved against the API server."""
+
+    mode: Literal["Reactive", "Offer"]
+    reason: Annotated[str, StringConstraints(max_length=1024)] = ""
+
+
 class GpuPartitionPolicyStatus(_Model):
     """What the policy currently covers and what the operator last did; operator-written."""
 
@@ -478,6 +486,7 @@ class GpuPartitionPolicyStatus(_Model):
     last_plan: LastPlan | None = None
     unavailable_nodes: Annotated[list[UnavailableNode], Field(max_length=MAX_LISTED_NODES)] = []
     """Nodes of this policy left out of planning (first MAX_LISTED_NODES by name)."""
+    allocation: AllocationStatus | None = None
     conditions: Annotated[list[Condition], _map_list("type")] = []
 
 

@@ -59,6 +59,7 @@ from migpart.kube.election import (
     new_identity,
     user_agent,
 )
+from migpart.kube.features import discover_dra_features, dry_run_create
 from migpart.kube.leases import stale_conditions, watch_leases
 from migpart.kube.slice_publisher import Published, SlicePublisher
 from migpart.kube.slice_watch import SliceWatch, watch_slices
@@ -159,6 +160,7 @@ async def startup(
         tick_s=config.tick_s,
         withdraw_grace_s=config.withdraw_grace_s,
         health=health,
+        dra=await discover_dra_features(dry_run_create(api), config.clock),
     )
     memo.state = state
 
@@ -202,6 +204,7 @@ async def startup(
         lease_namespace=config.lease_namespace,
         lease_timeout_s=config.lease_timeout_s,
         registration_grace_s=config.registration_grace_s,
+        offer_served=state.dra.offer_served,
     )
 
 

@@ -22,11 +22,13 @@ import structlog
 from pydantic import ValidationError
 
 from migpart.api.models import (
+    AllocationStatus,
     GpuPartitionPolicy,
     LastPlan,
     MigNode,
 )
 from migpart.controller import screening
+from migpart.controller.allocation import fell_back, resolve_allocation
 from migpart.controller.bodies import uid_of
 from migpart.controller.decisions import node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
@@ -123,7 +125,7 @@ class PolicyRound:
                     # round started with: a node given a spec must not get a second one
                     self.cluster = with_own_writes(self.cluster, self.state.written)
                     scope = screening.oversized(self.scope() or scope, self.cluster.claims)
-        await self.write_status(scope, last_plan, excluded)
+        await self.write_status(policy, scope, last_plan, excluded)
         self.deferred = result.deferred = deferred
         return result
 
@@ -300,8 +302,24 @@ class PolicyRound:
             body = self.cluster.mignodes[name]
             self.effects.event(body, "Warning", "NodeExcluded", f"not planned: {why}"[:1000])
 
+    def allocation(self, policy: GpuPartitionPolicy) -> AllocationStatus:
+        """The allocation mode in effect; a Warning Event once per generation when the policy
+        asks for Offer and the API server does not serve it."""
+        requested = policy.spec.allocation
+        resolved = resolve_allocation(requested, self.state.dra)
+        key = (f"{uid_of(self.body)}/allocation", int(policy.metadata.get("generation") or 0))
+        if fell_back(requested, resolved) and key not in self.state.warned:
+            self.state.warned.add(key)
+            self.effects.event(self.body, "Warning", "OfferNotServed", resolved.reason[:1000])
+            self.log.warning("offer_not_served", reason=resolved.reason)
+        return resolved
+
     async def write_status(
-        self, scope: Scope, last_plan: LastPlan | None, excluded: Mapping[str, str]
+        self,
+        policy: GpuPartitionPolicy,
+        scope: Scope,
+        last_plan: LastPlan | None,
+        excluded: Mapping[str, str],
     ) -> None:
         """Write the policy status if it changed since our last write."""
         status = round_status(
@@ -311,6 +329,7 @@ class PolicyRound:
             self.state.statuses.get(self.name),
             excluded,
             now=as_iso(self.clock.now()),
+            allocation=self.allocation(policy),
         )
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         written = (uid_of(self.body), dumped)

@@ -24,6 +24,7 @@ from migpart.dra import DeviceId
 from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
 from migpart.kube.election import LeaderElector
+from migpart.kube.features import DraFeatures
 from migpart.kube.slice_publisher import SlicePublisher
 from migpart.kube.snapshot import SnapshotCache
 from migpart.kube.watch import Index
@@ -144,6 +145,8 @@ class OperatorState:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # the leader election (None: none, this operator always writes)
     elector: LeaderElector | None = None
+    # what the API server serves for offer mode, asked once at start-up (kube/features.py)
+    dra: DraFeatures = field(default_factory=lambda: DraFeatures.unknown("not asked yet"))
     # node -> the Stale condition its MigNode must still get (True) or lose (False)
     stale_marks: dict[str, bool] = field(default_factory=dict)
     # nodes whose MigNode says Stale=True now (from the MigNode events)

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from migpart.api.models import (
     MAX_LISTED_NODES,
+    AllocationStatus,
     Condition,
     GpuPartitionPolicyStatus,
     LastPlan,
@@ -87,9 +88,10 @@ def round_status(
     excluded: Mapping[str, str] | None = None,
     *,
     now: str,
+    allocation: AllocationStatus | None = None,
 ) -> GpuPartitionPolicyStatus:
     """The status after a round over `scope` (which planned `last_plan`, if any); `excluded`:
-    the policy's nodes left out of planning, and why."""
+    the policy's nodes left out of planning, and why; `allocation`: the mode in effect."""
     previous = previous_status(body, written)
     if not scope.nodes and scope.unavailable:
         ready = ready_condition(
@@ -123,6 +125,7 @@ def round_status(
             UnavailableNode.model_validate({"name": name, "reason": reason})
             for name, reason in scope.unavailable[:MAX_LISTED_NODES]
         ],
+        allocation=allocation,
         conditions=[
             ready,
             excluded_condition(excluded or {}, previous.conditions, now),

@@ -311,6 +311,33 @@ class SliceBuilder(_Meta):
         )
         return self
 
+    def counter_set(self, name: str, counters: Mapping[str, int]) -> Self:
+        """A shared counter set (KEP-4815); such a slice carries no devices, not even `[]`."""
+        self._spec.pop("devices", None)
+        self._spec.setdefault("sharedCounters", []).append(
+            {"name": name, "counters": {k: {"value": str(v)} for k, v in counters.items()}}
+        )
+        return self
+
+    def consumes(self, counter_set: str, counters: Mapping[str, int], **fields: Any) -> Self:
+        """The last device consumes `counters` of `counter_set` (camelCase extras on the
+        device: bindingConditions, taints, ...)."""
+        device = self._spec["devices"][-1]
+        device.setdefault("consumesCounters", []).append(
+            {
+                "counterSet": counter_set,
+                "counters": {k: {"value": str(v)} for k, v in counters.items()},
+            }
+        )
+        device.update(fields)
+        return self
+
+    def taint(self, key: str, effect: str, value: str = "") -> Self:
+        """The last device gets a device taint (KEP-5055)."""
+        taint = {"key": key, "effect": effect, **({"value": value} if value else {})}
+        self._spec["devices"][-1].setdefault("taints", []).append(taint)
+        return self
+
     def spec(self, **fields: Any) -> Self:
         self._spec.update(fields)
         return self

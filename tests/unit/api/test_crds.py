@@ -95,6 +95,7 @@ def test_union_of_types_is_refused() -> None:
             "gpupartitionpolicies",
             [
                 ("MODE", ".spec.mode"),
+                ("ALLOCATION", ".status.allocation.mode"),
                 ("NODES", ".status.nodes"),
                 ("GPUS", ".status.gpus"),
                 ("PENDING", ".status.pendingRequests"),

@@ -45,6 +45,7 @@ spec:
   reconfiguration:
     batchWindowSeconds: 2
     maxConcurrentNodes: 1
+  allocation: Offer
 status:
   observedGeneration: 3
   nodes: 4
@@ -53,6 +54,7 @@ status:
   lastPlan: {planId: "p-1", time: "2026-11-22T15:00:00Z", durationMillis: 3, satisfied: 5,
              unsatisfied: 1, created: 4, destroyed: 2}
   unavailableNodes: [{name: gpu-node-9, reason: LeaseExpired}]
+  allocation: {mode: Reactive, reason: "Offer requested but not served"}
   conditions: [{type: Ready, status: "True", reason: Planned, message: ok,
                 lastTransitionTime: "2026-11-22T15:00:00Z"}]
 """
@@ -102,6 +104,9 @@ def test_policy_example_parses_and_round_trips() -> None:
     assert policy.status.last_plan is not None
     assert policy.status.last_plan.duration_millis == 3
     assert condition_status(policy.status.conditions, "Ready") == "True"
+    assert policy.spec.allocation == "Offer"
+    assert policy.status.allocation is not None
+    assert policy.status.allocation.mode == "Reactive"
     dumped = _dump(policy)
     dumped["spec"]["nodeSelector"].pop("matchExpressions")
     dumped["status"]["lastPlan"]["durationMillis"] = 3
@@ -125,6 +130,7 @@ def test_mignode_example_parses_and_round_trips() -> None:
 def test_defaults_of_an_empty_policy() -> None:
     policy = GpuPartitionPolicy.model_validate({"metadata": {"name": "p"}, "spec": {}})
     assert policy.spec.mode == "Active"
+    assert policy.spec.allocation == "Auto"
     assert policy.spec.priority == 0
     assert policy.spec.node_selector == LabelSelector()
     assert policy.spec.reconfiguration.max_concurrent_nodes == 1
@@ -211,6 +217,7 @@ def test_policy_view() -> None:
         ),
         ({"nodeSelector": {"matchLabel": {"a": "b"}}}, ("nodeSelector", "matchLabel"), "Extra"),
         ({"unknownField": 1}, ("unknownField",), "Extra inputs"),
+        ({"allocation": "Eager"}, ("allocation",), "'Reactive', 'Offer' or 'Auto'"),
     ],
 )
 def test_invalid_specs_fail_with_a_field_path(

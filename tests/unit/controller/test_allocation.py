@@ -1,0 +1,110 @@
+"""The allocation mode in effect: `spec.allocation` resolved against what the API server serves,
+and how a round reports it (status.allocation, a Warning Event when Offer falls back)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from migpart.api.models import AllocationMode
+from migpart.controller import allocation as allocation_module
+from migpart.controller.allocation import NOT_PUBLISHING, fell_back, resolve_allocation
+from migpart.controller.effects import InMemoryEffects
+from migpart.controller.reconcile import PolicyRound
+from migpart.controller.scope import Cluster
+from migpart.dra import DRIVER
+from migpart.kube.features import DraFeatures
+from migpart.kube.placement import NodeFacts
+from tests.unit.controller.factories import DEVICE_CLASS, mignode, offline_state, policy
+from tests.unit.kube.factories import gpu
+
+SERVED = DraFeatures(True, True, "served: partitionable devices, binding conditions")
+PARTITIONABLE_ONLY = DraFeatures(
+    True, False, "served: partitionable devices; not served: binding conditions"
+)
+NONE = DraFeatures(False, False, "not served: partitionable devices, binding conditions")
+UNKNOWN = DraFeatures.unknown("could not ask the API server: HTTP 503 Service Unavailable")
+
+
+@pytest.mark.parametrize(
+    ("requested", "features", "mode"),
+    [
+        ("Reactive", SERVED, "Reactive"),
+        ("Reactive", NONE, "Reactive"),
+        ("Auto", SERVED, "Offer"),
+        ("Auto", PARTITIONABLE_ONLY, "Reactive"),
+        ("Auto", NONE, "Reactive"),
+        ("Auto", UNKNOWN, "Reactive"),
+        ("Offer", SERVED, "Offer"),
+        ("Offer", PARTITIONABLE_ONLY, "Reactive"),
+        ("Offer", NONE, "Reactive"),
+        ("Offer", UNKNOWN, "Reactive"),
+    ],
+)
+def test_the_mode_in_effect(requested: AllocationMode, features: DraFeatures, mode: str) -> None:
+    resolved = resolve_allocation(requested, features)
+    assert resolved.mode == mode
+    assert fell_back(requested, resolved) == (requested == "Offer" and mode == "Reactive")
+
+
+def test_a_fallback_says_what_the_server_does_not_serve() -> None:
+    resolved = resolve_allocation("Offer", PARTITIONABLE_ONLY)
+    assert resolved.reason.startswith("Offer requested but not served")
+    assert "not served: binding conditions" in resolved.reason
+    assert resolved.reason.endswith("falling back to Reactive")
+    assert "HTTP 503" in resolve_allocation("Auto", UNKNOWN).reason
+
+
+def test_offer_says_that_this_build_still_publishes_reactively() -> None:
+    assert not allocation_module.OFFER_PUBLISHING
+    assert resolve_allocation("Auto", SERVED).reason == f"Auto: Offer served; {NOT_PUBLISHING}"
+
+
+def test_once_offer_publishing_is_enabled_offer_is_offer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocation_module, "OFFER_PUBLISHING", True)
+    assert resolve_allocation("Offer", SERVED).reason == "Offer: Offer served"
+
+
+def world(generation: int = 1, **spec: Any) -> Cluster:
+    nodes = {"a": mignode("a", 1, gpus=[gpu(0)])}
+    return Cluster(
+        mignodes=nodes,
+        node_labels={"a": {"pool": "a"}},
+        policies={"pa": policy("pa", "a", generation, **spec)},
+        claims={},
+        waiting={},
+        device_classes={DRIVER: DEVICE_CLASS},
+        node_facts={"a": NodeFacts({"pool": "a"}, ())},
+    )
+
+
+async def run_round(effects: InMemoryEffects, features: DraFeatures, cluster: Cluster) -> None:
+    state = offline_state(effects)
+    state.dra = features
+    await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
+
+
+@pytest.mark.parametrize(("features", "mode"), [(SERVED, "Offer"), (NONE, "Reactive")])
+async def test_a_round_reports_the_mode_in_effect(features: DraFeatures, mode: str) -> None:
+    effects = InMemoryEffects()
+    await run_round(effects, features, world())
+    [(_, status)] = effects.statuses
+    assert status.allocation is not None
+    assert status.allocation.mode == mode
+    assert status.allocation.reason.startswith("Auto")
+    assert effects.events == []
+
+
+async def test_offer_not_served_is_a_warning_once_per_generation() -> None:
+    effects = InMemoryEffects()
+    state = offline_state(effects)
+    state.dra = NONE
+    for generation in (1, 1, 2):
+        cluster = world(generation, allocation="Offer")
+        await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
+    assert [(e.type, e.reason) for e in effects.events] == [("Warning", "OfferNotServed")] * 2
+    assert effects.events[0].message.startswith("Offer requested but not served")
+    status = effects.statuses[-1][1]
+    assert status.allocation is not None
+    assert status.allocation.mode == "Reactive"
