@@ -47,22 +47,23 @@ Device = dict[str, Any]
 
 
 def slice_name(node: str, index: int = 0) -> str:
-    """The name of the node's slice number `index` of its pool: `<node>-migpart.nvidia.com`
-    for the first (reactive mode's only one), `-1`, `-2`... after it. Fixed, so that a restart
-    finds its own slices again."""
-    return f"{node}-{DRIVER}" if index == 0 else f"{node}-{DRIVER}-{index}"
+    """The name of slice number `index` of the node's pool: `<node>-<driver>` for the first
+    (reactive mode's only one), then `-01`, `-02`... Fixed, so that a restart finds its own
+    slices again; two digits because kube-scheduler tries a pool's slices in name order (first
+    fit), and `-10` would sort before `-2`."""
+    return f"{node}-{DRIVER}" if index == 0 else f"{node}-{DRIVER}-{index:02d}"
 
 
 def slice_index(name: str, node: str) -> int | None:
     """The inverse of `slice_name`: the index of slice `name` in `node`'s pool (None: a
     name `slice_name` never gives for that node)."""
-    first = slice_name(node)
-    if name == first:
+    suffix = name.removeprefix(slice_name(node))
+    if suffix == "" and name:
         return 0
-    suffix = name.removeprefix(first + "-")
-    if suffix == name or not suffix.isdigit() or suffix.startswith("0"):
+    if not suffix.startswith("-") or not suffix[1:].isdigit():
         return None
-    return int(suffix)
+    index = int(suffix[1:])
+    return index if index > 0 and slice_name(node, index) == name else None
 
 
 def slice_device(

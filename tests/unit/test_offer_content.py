@@ -172,6 +172,7 @@ def test_every_placement_of_a_full_node_fits_the_api_servers_limits(model: str, 
     offer = every_placement(table, gpus)
     pool = offer_slices(n, offer)
     assert [s.name for s in pool] == [slice_name("n1", i) for i in range(len(pool))]
+    assert sorted(s.name for s in pool) == [s.name for s in pool]  # the scheduler's order
     assert {s.pool_slices for s in pool} == {len(pool)}
     sets = [cs for s in pool for cs in s.counter_sets or []]
     assert [cs["name"] for cs in sets] == [counter_set_name(i) for i in range(gpus)]

@@ -64,7 +64,7 @@ def test_every_slice_of_a_pool_is_ours_and_kept_apart() -> None:
     assert view.observe(pool_slice("n1", 2, 3, 22)) == "n1"
     assert set(view.slices("n1")) == {slice_name("n1", i) for i in range(3)}
     assert view.generation("n1") == 3
-    for name in (f"{slice_name('n1')}-01", f"{slice_name('n1')}-x", f"{slice_name('n1')}-"):
+    for name in (f"{slice_name('n1')}-1", f"{slice_name('n1')}-x", f"{slice_name('n1')}-00"):
         theirs = watched("n1", 1, 10)
         theirs["metadata"]["name"] = name
         assert view.observe(theirs) is None
@@ -80,6 +80,9 @@ def test_a_relist_forgets_one_slice_of_a_pool_and_keeps_the_others() -> None:
 
 
 def test_slice_names_and_indices_are_inverse() -> None:
-    for i in (0, 1, 2, 10):
+    for i in (0, 1, 2, 10, 100):
         assert slice_index(slice_name("n1", i), "n1") == i
     assert slice_index(slice_name("n10", 1), "n1") is None
+    # kube-scheduler tries a pool's slices in name order: that must be the pool's order
+    pool = [slice_name("n1", i) for i in range(100)]
+    assert sorted(pool) == pool
