@@ -17,6 +17,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 
 from migpart.api.models import MigNode, MigNodeStatus
+from migpart.dra import DRIVER
 from migpart.kube.slice_publisher import SlicePublisher, SlicesFn
 from migpart.mig import Instance
 from migpart.mig.catalog import CATALOG
@@ -25,11 +26,13 @@ from migpart.offer_content import WITHDRAWN_TAINT, offer_slices
 from migpart.slice_content import DeviceCache, SliceContent, slice_name
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
-from migpart.testing.builders import gpu_status
+from migpart.testing.builders import ClaimBuilder, PodBuilder, gpu_status, profile_is
+from tests.integration.conftest import apply, eventually, get
 
 pytestmark = pytest.mark.integration
 
 GPUS = 8
+NODE_LABEL = "migpart-test"
 # the partitionable-device fields are served (beta, on by default) from this version
 PARTITIONABLE = (1, 36)
 
@@ -134,3 +137,77 @@ async def test_a_changed_pool_is_rewritten_at_one_generation_and_a_smaller_one_s
     assert second.devices == {d["name"] for s in stored for d in s["spec"].get("devices") or []}
     # nothing changed: nothing written
     assert not (await publisher.publish(node)).written
+
+
+def scheduled_pod(bed: Testbed, name: str, namespace: str, claim: str, expression: str) -> None:
+    """A claim with one request matching `expression`, and a pod on node `offer-sched` using
+    it, left to the real kube-scheduler."""
+    apply(bed, ClaimBuilder(claim, namespace).request(expression).obj())
+    pod = PodBuilder(name, namespace).claim(claim).node_selector({NODE_LABEL: "offer-sched"})
+    apply(bed, pod.obj())
+
+
+def allocated(bed: Testbed, claim: str, namespace: str) -> list[str]:
+    """The devices the scheduler allocated to the claim (waits for the allocation)."""
+
+    def devices() -> list[str]:
+        body = get(bed, "resourceclaim", claim, "-n", namespace)
+        results = ((body.get("status") or {}).get("allocation") or {}).get("devices", {})
+        names = [r["device"] for r in results.get("results") or []]
+        assert names, f"{claim} not allocated yet"
+        return names
+
+    return eventually(devices)
+
+
+def unschedulable(bed: Testbed, pod: str, namespace: str) -> bool:
+    """Whether the scheduler tried the pod and found no node (waits for its verdict)."""
+
+    def verdict() -> bool:
+        conditions = (get(bed, "pod", pod, "-n", namespace).get("status") or {}).get(
+            "conditions"
+        ) or []
+        [scheduled] = [c for c in conditions if c["type"] == "PodScheduled"]
+        return scheduled["status"] == "False" and scheduled.get("reason") == "Unschedulable"
+
+    return bool(eventually(verdict))
+
+
+async def test_the_scheduler_allocates_in_offer_order_and_never_two_overlapping_placements(
+    cluster: Testbed, api: ApiClient
+) -> None:
+    """kube-scheduler itself on the published pool: 4 H100s (100 placements, so the first
+    ones offered sit in the second device slice), GPU 3's placements offered first, each
+    GPU's in reverse table order (the whole GPU first). A claim for any device gets the first
+    offered (GPU 3 whole); one for a 1g.10gb on GPU 3 then finds no room on 1.36+ (the whole
+    GPU holds every memory slice counter), and one for any 1g.10gb gets the first offered on
+    GPU 2. On 1.34 the counters are dropped: the overlapping placement is allocated."""
+    node, namespace = "offer-sched", "offer-sched"
+    cluster.add_node(node, {NODE_LABEL: node})
+    cluster.kubectl("create", "namespace", namespace)
+    model = next(m for m in CATALOG if m.startswith("NVIDIA H100 80GB"))
+    table = CATALOG[model]
+    placements = [Instance(p.name, s) for p in table.profiles for s in p.placements]
+    offer = [(g, inst) for g in (3, 2, 1, 0) for inst in reversed(placements)]
+    publisher = SlicePublisher(api, slices=offering(offer))
+    publisher.observe(
+        MigNode(
+            metadata={"name": node},
+            status=MigNodeStatus(gpus=[gpu_status(i, model=model) for i in range(4)]),
+        )
+    )
+    await publisher.publish(node)
+    whole_gpu = device_name(3, whole(model), 0)
+    assert slice_name(node, 2) in {s["metadata"]["name"] for s in await stored_pool(api, node)}
+
+    scheduled_pod(cluster, "any", namespace, "any", "true")
+    assert allocated(cluster, "any", namespace) == [whole_gpu]
+    small = f'{profile_is("1g.10gb")} && device.attributes["{DRIVER}"].gpuIndex == 3'
+    scheduled_pod(cluster, "overlapping", namespace, "overlapping", small)
+    if partitionable():
+        assert unschedulable(cluster, "overlapping", namespace)
+    else:
+        assert allocated(cluster, "overlapping", namespace) == [device_name(3, "1g.10gb", 6)]
+    scheduled_pod(cluster, "elsewhere", namespace, "elsewhere", profile_is("1g.10gb"))
+    expected = device_name(2, "1g.10gb", 6) if partitionable() else device_name(3, "1g.10gb", 5)
+    assert allocated(cluster, "elsewhere", namespace) == [expected]
