@@ -148,6 +148,8 @@ class _Gpu:
     placements: dict[str, tuple[Profile, int]]
     # device name -> instance, for every existing instance
     instances: dict[str, MigInstanceStatus]
+    # profile name -> everything the table says of it (`slice_content.described`)
+    described: dict[str, tuple[Any, ...] | None]
 
     @staticmethod
     def of(gpu: GpuStatus) -> _Gpu:
@@ -161,6 +163,7 @@ class _Gpu:
                 for start in p.placements
             },
             {device_name(gpu.index, i.profile, i.start): i for i in gpu.instances},
+            {p.name: described(gpu, p.name) for p in table.profiles},
         )
 
 
@@ -219,7 +222,7 @@ def offer_slices(
         tainted = inst is not None and name in leaving
         key = ("offer", gpu.status.index, gpu.status.model, gpu.status.uuid, name, uuid)
         entries[name] = devices.entry(
-            (*key, inst is not None, tainted, described(gpu.status, profile.name)),
+            (*key, inst is not None, tainted, gpu.described[profile.name]),
             lambda: placement_device(
                 gpu.status, profile, start, uuid, created=inst is not None, withdrawn=tainted
             ),

@@ -121,6 +121,8 @@ class SliceView:
         if node is None:
             return None
         seen = SliceState.of(body)
+        if seen.name in self._removing.get(node, ()):
+            return node  # a late event of a slice we are deleting: it is no part of the pool
         pool = self._slices.setdefault(node, {})
         known = pool.get(seen.name)
         if known is None or seen.newer_than(known):
@@ -192,6 +194,7 @@ class SliceView:
         tombstones.pop(state.name, None)
         if not tombstones:
             self._deleted.pop(node, None)
+        self._removing.get(node, set()).discard(state.name)  # written again since
         self._slices.setdefault(node, {})[state.name] = state
 
     def forget(self, node: str) -> None:
