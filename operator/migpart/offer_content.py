@@ -92,7 +92,7 @@ def gpu_counters(table: ModelTable) -> dict[str, int]:
     return counters
 
 
-def consumed_counters(table: ModelTable, profile: Profile, start: int) -> dict[str, int]:
+def consumed_counters(profile: Profile, start: int) -> dict[str, int]:
     """What an instance of `profile` at `start` takes of its GPU's counters: the memory slices
     it spans, its compute slices, and one instance of its profile where that is limited."""
     consumed = {memory_counter(start + k): 1 for k in range(profile.memory_slices)}
@@ -126,7 +126,7 @@ def placement_device(
     device = slice_device(
         gpu.index, profile, start, gpu.model, gpu.uuid, uuid=uuid, created=created
     )
-    consumed = consumed_counters(gpu.table(), profile, start)
+    consumed = consumed_counters(profile, start)
     device["consumesCounters"] = [
         {
             "counterSet": counter_set_name(gpu.index),

@@ -58,7 +58,7 @@ def fits(table: ModelTable, placements: list[Instance]) -> bool:
     capacity = gpu_counters(table)
     used: dict[str, int] = {}
     for inst in placements:
-        for name, n in consumed_counters(table, table.profile(inst.profile), inst.start).items():
+        for name, n in consumed_counters(table.profile(inst.profile), inst.start).items():
             used[name] = used.get(name, 0) + n
     return all(n <= capacity[name] for name, n in used.items())
 
@@ -90,7 +90,7 @@ def test_a_gpus_counters_are_its_memory_slices_compute_and_limited_profiles() ->
         "instances-1g10gbme": 1,
     }
     three = table.profile("3g.40gb")
-    assert consumed_counters(table, three, 4) == {
+    assert consumed_counters(three, 4) == {
         **{f"memory-slice-{k}": 1 for k in range(4, 8)},
         "compute-slices": 3,
     }
