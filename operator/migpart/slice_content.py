@@ -4,8 +4,9 @@ The operator is the single writer of every node's slices (one pool per node, poo
 name). As NVIDIA's DRA driver does, the content is computed in one place and handed to one
 publisher that reconciles it with the cluster (`migpart.kube.slice_publisher`): `node_slices`
 takes the node's MigNode (as data), the devices the destroy protocol withdrew and whether the
-node is available, and returns the list of slices the node's pool must hold (one today; offer
-mode's partitionable devices, with their counter sets, will make it more).
+node is available, and returns the list of slices the node's pool must hold: one in reactive
+mode; offer mode's pool (`migpart.offer_content.offer_slices`) has several, its counter sets
+in their own slices, each slice named by `slice_name(node, index)`.
 
 A device is published when the agent reports the instance created (status, so it exists on the
 GPU), it is still wanted (present in `spec`, when the operator has written a plan for that
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,9 +46,24 @@ SLICE_LABELS = {"app.kubernetes.io/managed-by": "migpart"}
 Device = dict[str, Any]
 
 
-def slice_name(node: str) -> str:
-    """One slice per node; the name is fixed so that a restart finds its own slice again."""
-    return f"{node}-{DRIVER}"
+def slice_name(node: str, index: int = 0) -> str:
+    """The name of slice number `index` of the node's pool: `<node>-<driver>` for the first
+    (reactive mode's only one), then `-01`, `-02`... Fixed, so that a restart finds its own
+    slices again; two digits because kube-scheduler tries a pool's slices in name order (first
+    fit), and `-10` would sort before `-2`."""
+    return f"{node}-{DRIVER}" if index == 0 else f"{node}-{DRIVER}-{index:02d}"
+
+
+def slice_index(name: str, node: str) -> int | None:
+    """The inverse of `slice_name`: the index of slice `name` in `node`'s pool (None: a
+    name `slice_name` never gives for that node)."""
+    suffix = name.removeprefix(slice_name(node))
+    if suffix == "" and name:
+        return 0
+    if not suffix.startswith("-") or not suffix[1:].isdigit():
+        return None
+    index = int(suffix[1:])
+    return index if index > 0 and slice_name(node, index) == name else None
 
 
 def slice_device(
@@ -57,8 +73,10 @@ def slice_device(
     product_name: str,
     parent_uuid: str = "",
     uuid: str = "",
+    created: bool = True,
 ) -> Device:
-    """The resource.k8s.io/v1 ResourceSlice device entry of one MIG instance.
+    """The resource.k8s.io/v1 ResourceSlice device entry of one MIG instance (`created`: it
+    exists on the GPU; offer mode also publishes placements not created yet, with False).
 
     The one definition of what a migpart device publishes: `instance_device` builds the
     published devices here, and `migpart.kube.cel.virtual_device` evaluates selectors against
@@ -89,6 +107,7 @@ def slice_device(
             "uuid": {"string": uuid},
             "gpuIndex": {"int": gpu_index},
             "placementStart": {"int": start},
+            "created": {"bool": created},
         },
         "capacity": capacity,
     }
@@ -108,14 +127,15 @@ def instance_device(gpu: GpuStatus, inst: MigInstanceStatus) -> Device:
     return slice_device(gpu.index, info.to_profile(), inst.start, gpu.model, gpu.uuid, inst.uuid)
 
 
-def _canonical(device: Device) -> str:
+def canonical(device: Device) -> str:
+    """A device's (or counter set's) JSON, the same for equal content (a digest's part)."""
     return json.dumps(device, sort_keys=True, separators=(",", ":"))
 
 
-def _digest(canonical: Iterable[str]) -> str:
+def digest(texts: Iterable[str]) -> str:
     """The digest of a slice's devices from each one's canonical JSON, in the slice's order:
     equal digests mean no new pool generation."""
-    text = "[" + ",".join(canonical) + "]"
+    text = "[" + ",".join(texts) + "]"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -133,21 +153,28 @@ class DeviceCache:
     _entries: dict[tuple[Any, ...], tuple[Device, str]] = field(default_factory=dict)
 
     def get(self, gpu: GpuStatus, inst: MigInstanceStatus) -> tuple[Device, str]:
-        info = next((p for p in gpu.profiles if p.name == inst.profile), None)
-        described = (
-            None
-            if info is None
-            else tuple(tuple(v) if isinstance(v, list) else v for v in info.__dict__.values())
-        )
-        key = (gpu.index, gpu.model, gpu.uuid, inst.profile, inst.start, inst.uuid, described)
+        key = (gpu.index, gpu.model, gpu.uuid, inst.profile, inst.start, inst.uuid)
+        return self.entry((*key, described(gpu, inst.profile)), lambda: instance_device(gpu, inst))
+
+    def entry(self, key: tuple[Any, ...], build: Callable[[], Device]) -> tuple[Device, str]:
+        """The device `build` makes and its canonical JSON, built once per `key` (which must
+        name everything the device is made from)."""
         entry = self._entries.get(key)
         if entry is None:
-            device = instance_device(gpu, inst)
-            entry = (device, _canonical(device))
+            device = build()
+            entry = (device, canonical(device))
             if len(self._entries) >= self.limit:
                 self._entries.clear()
             self._entries[key] = entry
         return entry
+
+
+def described(gpu: GpuStatus, profile: str) -> tuple[Any, ...] | None:
+    """Everything the GPU's table says of `profile`, hashable (a cache key's part)."""
+    info = next((p for p in gpu.profiles if p.name == profile), None)
+    if info is None:
+        return None
+    return tuple(tuple(v) if isinstance(v, list) else v for v in info.__dict__.values())
 
 
 def _instances(node: MigNode) -> Iterator[tuple[GpuStatus, MigInstanceStatus, DeviceId, bool]]:
@@ -199,10 +226,14 @@ class SliceContent:
     create: bool
     # how many slices the node's pool has (`spec.pool.resourceSliceCount`)
     pool_slices: int = 1
+    # this slice's place in the pool (`slice_name`)
+    index: int = 0
+    # offer mode: the slice holds these counter sets (`spec.sharedCounters`) and no devices
+    counter_sets: list[dict[str, Any]] | None = None
 
     @property
     def name(self) -> str:
-        return slice_name(self.node)
+        return slice_name(self.node, self.index)
 
     def body(self, generation: int, resource_version: str | None = None) -> dict[str, Any]:
         """The complete resource.k8s.io/v1 ResourceSlice at pool `generation`."""
@@ -216,16 +247,17 @@ class SliceContent:
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
         pool = {"name": self.node, "generation": generation, "resourceSliceCount": self.pool_slices}
+        spec: dict[str, Any] = {"driver": DRIVER, "nodeName": self.node, "pool": pool}
+        # the API server takes one or the other, never both (docs/offer-mode.md)
+        if self.counter_sets is not None:
+            spec["sharedCounters"] = self.counter_sets
+        else:
+            spec["devices"] = self.devices
         return {
             "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
             "kind": "ResourceSlice",
             "metadata": metadata,
-            "spec": {
-                "driver": DRIVER,
-                "nodeName": self.node,
-                "pool": pool,
-                "devices": self.devices,
-            },
+            "spec": spec,
         }
 
 
@@ -253,7 +285,7 @@ def node_slices(
         SliceContent(
             node=str(node.metadata.get("name", "")),
             devices=published,
-            digest=_digest(text for _, text in entries),
+            digest=digest(text for _, text in entries),
             names=frozenset(str(d["name"]) for d in published),
             owner=mignode_owner(node),
             create=available,

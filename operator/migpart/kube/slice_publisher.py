@@ -1,12 +1,17 @@
-"""The single writer of every node's ResourceSlice.
+"""The single writer of every node's ResourceSlices.
 
 `SlicePublisher` keeps the newest MigNode of each node and the devices the destroy protocol
 withdrew (docs/destroy-protocol.md: they leave the slice before they leave `MigNode.spec`),
-asks `migpart.slice_content.node_slices` what the node's slice must hold, and makes the
-cluster hold that: it creates the slice, or replaces it at `spec.pool.generation + 1`, only
-when the content's digest differs from the slice's. What the slice holds now comes from the
-operator's slice watch (`migpart.kube.slice_watch.SliceView`) and from the responses to its
-own writes; a slice created again continues the pool's generations from the view's floor.
+asks `migpart.slice_content.node_slices` (or, in offer mode, the `slices` function it is
+given) what the node's pool must hold, and makes the cluster hold that. A pool is one slice
+in reactive mode and several in offer mode; when any slice's digest differs from what the
+cluster holds, or a slice is missing or left over, every slice of the pool is written at one
+new generation (the pool's highest + 1, `spec.pool.resourceSliceCount` = their number), and
+the slices no longer needed are deleted after that: a consumer sees either the old pool, or
+the new one once all of its slices are there (an incomplete pool is not allocated from).
+What the slices hold now comes from the operator's slice watch
+(`migpart.kube.slice_watch.SliceView`) and from the responses to its own writes; a pool
+created again continues its generations from the view's floor.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ log = structlog.get_logger(__name__)
 
 # Called right before a slice write is sent; raises to stop it (None: no check).
 Fence = Callable[[], None] | None
+# What a node's pool must hold, from its MigNode, its withdrawn devices, whether it is
+# available, and a device cache (`slice_content.node_slices` has this signature).
+SlicesFn = Callable[[MigNode, frozenset[str], bool, DeviceCache], list[SliceContent]]
+
+
+class _Changed(Exception):
+    """A slice changed underneath a write (409 Conflict, or 404 on a replace): the view was
+    read again, and the write starts over."""
 
 
 def _generation(node: MigNode) -> int:
@@ -110,6 +123,10 @@ class SlicePublisher:
     _devices: DeviceCache = field(default_factory=DeviceCache)
     # GETs done because the view was stale or missing (a metric and a test hook)
     reads: int = 0
+    # what each node's pool holds (None: reactive mode's `node_slices`); offer mode passes a
+    # function over `migpart.offer_content.offer_slices`, and calls `invalidate` when an
+    # input of it that the publisher does not see (the offer, the allocations) changed
+    slices: SlicesFn | None = None
 
     def observe(self, node: MigNode) -> None:
         """Remember the newest MigNode body; `publish` reads it.
@@ -136,6 +153,10 @@ class SlicePublisher:
     def node(self, name: str) -> MigNode | None:
         """The newest MigNode seen for `name`."""
         return self._nodes.get(name)
+
+    def invalidate(self, name: str) -> None:
+        """Compute the node's slices again at its next publish."""
+        self._computed.pop(name, None)
 
     def forget(self, name: str) -> None:
         self._nodes.pop(name, None)
@@ -174,18 +195,15 @@ class SlicePublisher:
         pending.intersection_update(wanted_devices(node))
 
     async def publish(self, name: str, fence: Fence = None) -> Published:
-        """Write the slice of node `name` if its content changed (generation + 1). `fence` is
-        called right before each request that writes, and raises to stop it (the operator's
-        leadership: controller/effects.py)."""
+        """Write the slices of node `name` if their content changed (generation + 1). `fence`
+        is called right before each request that writes, and raises to stop it (the
+        operator's leadership: controller/effects.py)."""
         async with self._lock(name):
             node = self._nodes.get(name)
             if node is None:
                 raise StaleSnapshot(f"no MigNode {name!r} seen yet")
             available = not self.gate(name) if self.gate is not None else True
-            # One slice per pool until offer mode: a pool of several slices must have them
-            # all written at one generation, which `_write` does not do yet.
-            (content,) = self._content(name, node, available)
-            result = await self._write(name, content, fence)
+            result = await self._write(name, self._content(name, node, available), fence)
         if result.written:
             log.info(
                 "resource_slice_published",
@@ -203,51 +221,85 @@ class SlicePublisher:
         known = self._computed.get(name)
         if known is not None and known.still(node, withdrawn, available):
             return known.slices
-        slices = node_slices(node, withdrawn, available, self._devices)
+        if self.slices is not None:
+            slices = self.slices(node, withdrawn, available, self._devices)
+        else:
+            slices = node_slices(node, withdrawn, available, self._devices)
         self._computed[name] = _Computed(node, withdrawn, available, slices)
         return slices
 
-    async def _write(self, name: str, content: SliceContent, fence: Fence) -> Published:
-        """Write the content's devices if they differ from the slice's; where there is no
-        slice, create it only if `content.create` (else leave it absent)."""
-        if not content.create and self.view.get(name) is None:
-            return Published(name, self.view.floor(name), False, frozenset(), None)
-        digest, names = content.digest, content.names
+    async def _write(self, name: str, contents: list[SliceContent], fence: Fence) -> Published:
+        """Make the node's pool hold `contents` (its slices, the first first); where the pool
+        has no slice, create them only if `contents[0].create` (else leave it absent)."""
+        names = frozenset().union(*(c.names for c in contents))
+        first = contents[0]
         for _ in range(5):
-            current = self.view.get(name)
-            if current is not None and current.digest == digest:  # the resync's usual case
-                return Published(name, current.generation, False, names, current.resource_version)
-            if current is None and not content.create:
+            current = self.view.slices(name)
+            if not current and not first.create:
                 return Published(name, self.view.floor(name), False, frozenset(), None)
-            if fence is not None:
-                fence()  # nothing awaited from here to the request
-            api = CustomObjectsApi(self.api)
-            if current is None:
-                body = content.body(self.view.floor(name) + 1)
-                try:
-                    created = await api.create_cluster_custom_object(
-                        RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, body
-                    )
-                except ApiException as e:
-                    if e.status == 409:  # there is one the watch has not shown yet
-                        await self._read(api, name, content.name)
-                        continue
-                    raise
-                state = self._wrote(name, created)
-                return Published(name, state.generation, True, names, state.resource_version)
-            body = content.body(current.generation + 1, current.resource_version)
+            if _holds(current, contents):  # the resync's usual case
+                state = current[first.name]
+                return Published(name, state.generation, False, names, state.resource_version)
+            generation = self.view.generation(name) + 1
             try:
-                replaced = await api.replace_cluster_custom_object(
+                for content in contents:
+                    known = current.get(content.name)
+                    if known is None and not content.create:
+                        continue
+                    if fence is not None:
+                        fence()  # nothing awaited from here to the request
+                    await self._put(name, content, generation, known)
+                for extra in sorted(set(current) - {c.name for c in contents}):
+                    if fence is not None:
+                        fence()
+                    await self._delete(name, extra)
+            except _Changed:
+                continue
+            stored = self.view.get(name, first.name)
+            version = stored.resource_version if stored is not None else None
+            return Published(name, generation, True, names, version)
+        raise StaleSnapshot(f"the ResourceSlices of node {name!r} kept changing underneath")
+
+    async def _put(
+        self,
+        name: str,
+        content: SliceContent,
+        generation: int,
+        known: SliceState | None,
+    ) -> None:
+        """Create the slice (`known` None) or replace it at `generation`; on a conflict, read
+        it again and raise `_Changed`."""
+        api = CustomObjectsApi(self.api)
+        try:
+            if known is None:
+                body = content.body(generation)
+                written = await api.create_cluster_custom_object(
+                    RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, body
+                )
+            else:
+                body = content.body(generation, known.resource_version)
+                written = await api.replace_cluster_custom_object(
                     RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, content.name, body
                 )
-            except ApiException as e:
-                if e.status in (404, 409):  # deleted, or changed since we last saw it
-                    await self._read(api, name, content.name)
-                    continue
+        except ApiException as e:
+            # 409: there is one the watch has not shown yet, or it changed since we saw it;
+            # 404: it was deleted
+            if e.status == 409 or (known is not None and e.status == 404):
+                await self._read(api, name, content.name)
+                raise _Changed from e
+            raise
+        self._wrote(name, written)
+
+    async def _delete(self, name: str, slice_name: str) -> None:
+        """Delete a slice the pool no longer has (gone already: fine)."""
+        self.view.removing(name, slice_name)
+        try:
+            await CustomObjectsApi(self.api).delete_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, SLICE_PLURAL, slice_name
+            )
+        except ApiException as e:
+            if e.status != 404:
                 raise
-            state = self._wrote(name, replaced)
-            return Published(name, state.generation, True, names, state.resource_version)
-        raise StaleSnapshot(f"ResourceSlice {content.name!r} kept changing underneath")
 
     def _wrote(self, name: str, body: dict[str, Any]) -> SliceState:
         state = SliceState.of(body)
@@ -255,7 +307,7 @@ class SlicePublisher:
         return state
 
     async def _read(self, api: CustomObjectsApi, name: str, slice_name: str) -> None:
-        """Replace our view of the node's slice by what the API server holds now."""
+        """Replace our view of one of the node's slices by what the API server holds now."""
         self.reads += 1
         try:
             got: dict[str, Any] = await api.get_cluster_custom_object(
@@ -263,7 +315,17 @@ class SlicePublisher:
             )
         except ApiException as e:
             if e.status == 404:
-                self.view.drop(name)
+                self.view.drop(name, slice_name)
                 return
             raise
         self.view.keep(name, SliceState.of(got))
+
+
+def _holds(current: dict[str, SliceState], contents: list[SliceContent]) -> bool:
+    """Whether the pool's slices are `contents` already: the same slices, each with its
+    content's digest, all at one generation."""
+    if set(current) != {c.name for c in contents}:
+        return False
+    if len({state.generation for state in current.values()}) != 1:
+        return False
+    return all(current[c.name].digest == c.digest for c in contents)

@@ -1,10 +1,12 @@
 """The operator's view of its own ResourceSlices, kept by a watch instead of GETs.
 
-What each slice holds now (its generation, digest and resourceVersion) comes from the
-operator's ResourceSlice watch (`SliceWatch`, a `kube.watch.Sink`) and from the responses to
-its own writes (`SliceView.keep`), not from a GET before each write: at 1,000 nodes a periodic
-resync then costs no request at all when nothing changed. A stale view only costs a retry: a
-write at an old resourceVersion gets 409 Conflict, and then (only then) the slice is read.
+A node's pool is one slice in reactive mode and several in offer mode (`slice_name(node, i)`):
+the view keeps each slice's state, and one generation floor per pool. What each slice holds now
+(its generation, digest and resourceVersion) comes from the operator's ResourceSlice watch
+(`SliceWatch`, a `kube.watch.Sink`) and from the responses to its own writes
+(`SliceView.keep`), not from a GET before each write: at 1,000 nodes a periodic resync then
+costs no request at all when nothing changed. A stale view only costs a retry: a write at an
+old resourceVersion gets 409 Conflict, and then (only then) the slice is read.
 
 Two things outlive a deleted slice:
 
@@ -30,7 +32,13 @@ from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 from migpart.api.models import MigNode
 from migpart.dra import DRIVER
 from migpart.kube.watch import follow, label_selector
-from migpart.slice_content import DIGEST_ANNOTATION, SLICE_LABELS, SLICE_PLURAL, slice_name
+from migpart.slice_content import (
+    DIGEST_ANNOTATION,
+    SLICE_LABELS,
+    SLICE_PLURAL,
+    slice_index,
+    slice_name,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -42,6 +50,7 @@ class SliceState:
     generation: int
     digest: str | None
     resource_version: str
+    name: str = ""
 
     @staticmethod
     def of(body: dict[str, Any] | Any) -> SliceState:
@@ -50,6 +59,7 @@ class SliceState:
             generation=int(((body.get("spec") or {}).get("pool") or {}).get("generation") or 0),
             digest=(meta.get("annotations") or {}).get(DIGEST_ANNOTATION),
             resource_version=str(meta.get("resourceVersion") or ""),
+            name=str(meta.get("name") or ""),
         )
 
     def newer_than(self, other: SliceState) -> bool:
@@ -61,33 +71,48 @@ class SliceState:
 
 
 def slice_node(body: Any) -> str | None:
-    """The node of one of our slices (None for a slice that is not ours)."""
+    """The node of one of our slices (None for a slice that is not ours): any slice of the
+    node's pool, named by `slice_name`."""
     spec = body.get("spec") or {}
     node = spec.get("nodeName")
     meta = body.get("metadata") or {}
-    if spec.get("driver") != DRIVER or not node or meta.get("name") != slice_name(str(node)):
+    if spec.get("driver") != DRIVER or not node:
+        return None
+    if slice_index(str(meta.get("name") or ""), str(node)) is None:
         return None
     return str(node)
 
 
 @dataclass
 class SliceView:
-    """Each node's slice as last seen, with the tombstones and generation floors of deleted
-    ones (see the module docstring)."""
+    """Each node's slices as last seen, with the tombstones of deleted ones and the generation
+    floor of each node's pool (see the module docstring). A pool has one slice in reactive
+    mode, several in offer mode: states are kept per slice, floors per pool."""
 
-    # node -> its slice as last seen (watch or write response); absent: none seen
-    _slices: dict[str, SliceState] = field(default_factory=dict)
-    # node -> the highest pool generation seen, kept when its slice is deleted
+    # node -> slice name -> its state as last seen (watch or write response); absent: none
+    _slices: dict[str, dict[str, SliceState]] = field(default_factory=dict)
+    # node -> the highest pool generation seen, kept when its slices are deleted
     _floors: dict[str, int] = field(default_factory=dict)
-    # node -> the deletion its slice last had (the DELETED event's state)
-    _deleted: dict[str, SliceState] = field(default_factory=dict)
+    # node -> slice name -> the deletion it last had (the DELETED event's state)
+    _deleted: dict[str, dict[str, SliceState]] = field(default_factory=dict)
+    # node -> the slices the publisher deleted itself (their DELETED event asks no rewrite)
+    _removing: dict[str, set[str]] = field(default_factory=dict)
 
-    def get(self, node: str) -> SliceState | None:
-        return self._slices.get(node)
+    def get(self, node: str, name: str | None = None) -> SliceState | None:
+        """Slice `name` of the node's pool (default: its first, `slice_name(node)`)."""
+        return self._slices.get(node, {}).get(name or slice_name(node))
+
+    def slices(self, node: str) -> dict[str, SliceState]:
+        """Every slice of the node's pool that is known to exist, by name."""
+        return dict(self._slices.get(node, {}))
 
     def floor(self, node: str) -> int:
         """The pool's highest generation known to be gone (0: none)."""
         return self._floors.get(node, 0)
+
+    def generation(self, node: str) -> int:
+        """The pool's highest generation seen, of a slice that exists or one that went."""
+        return max([self.floor(node), *(s.generation for s in self.slices(node).values())])
 
     def observe(self, body: Any) -> str | None:
         """Take a watched slice in (kept only if newer than what we know); returns its node
@@ -96,55 +121,87 @@ class SliceView:
         if node is None:
             return None
         seen = SliceState.of(body)
-        known = self._slices.get(node)
+        if seen.name in self._removing.get(node, ()):
+            return node  # a late event of a slice we are deleting: it is no part of the pool
+        pool = self._slices.setdefault(node, {})
+        known = pool.get(seen.name)
         if known is None or seen.newer_than(known):
-            self._slices[node] = seen
+            pool[seen.name] = seen
         return node
 
     def deleted(self, body: Any) -> str | None:
-        """A watched DELETED event; returns the node whose slice went (None: not ours, or
-        we already wrote a newer one)."""
+        """A watched DELETED event; returns the node whose slice went (None: not ours, we
+        deleted it ourselves, or we already wrote a newer one)."""
         node = slice_node(body)
         if node is None:
             return None
         gone = SliceState.of(body)
-        known = self._slices.get(node)
+        known = self._slices.get(node, {}).get(gone.name)
         if known is not None and known.newer_than(gone):
             return None
         self._floors[node] = max(self._floors.get(node, 0), gone.generation)
-        self._deleted[node] = gone
-        self.drop(node)
+        self._deleted.setdefault(node, {})[gone.name] = gone
+        self.drop(node, gone.name)
+        removing = self._removing.get(node, set())
+        if gone.name in removing:
+            removing.discard(gone.name)
+            return None
         return node
+
+    def removing(self, node: str, name: str) -> None:
+        """The publisher deletes slice `name` (no longer part of the pool): forget it now,
+        and take its DELETED event as expected."""
+        self._removing.setdefault(node, set()).add(name)
+        self.drop(node, name)
 
     def relisted(self, bodies: Iterable[Mapping[str, Any]]) -> list[str]:
         """A (re)list of our slices: take each in, and forget the slices we knew that it does
         not hold (deleted while the watch was down: no DELETED event will tell). Returns the
-        nodes whose slice went."""
-        listed = {node for body in bodies if (node := self.observe(body)) is not None}
-        gone = sorted(set(self._slices) - listed)
-        for node in gone:
-            self.drop(node)
-        return gone
+        nodes that lost a slice."""
+        listed: set[tuple[str, str]] = set()
+        for body in bodies:
+            node = self.observe(body)
+            if node is not None:
+                listed.add((node, str((body.get("metadata") or {}).get("name") or "")))
+        gone = {
+            (node, name)
+            for node, pool in self._slices.items()
+            for name in pool
+            if (node, name) not in listed
+        }
+        for node, name in gone:
+            self.drop(node, name)
+        self._removing.clear()  # their deletions are done or will show in a later relist
+        return sorted({node for node, _ in gone})
 
-    def drop(self, node: str) -> None:
-        """Forget the node's slice (deleted), keeping its generation as the floor."""
-        known = self._slices.pop(node, None)
-        if known is not None:
-            self._floors[node] = max(self._floors.get(node, 0), known.generation)
+    def drop(self, node: str, name: str | None = None) -> None:
+        """Forget the node's slice `name` (deleted; default: all of them), keeping its
+        generation as the pool's floor."""
+        pool = self._slices.get(node, {})
+        for known in [pool.pop(name, None)] if name is not None else list(pool.values()):
+            if known is not None:
+                self._floors[node] = max(self._floors.get(node, 0), known.generation)
+        if name is None or not pool:
+            self._slices.pop(node, None)
 
     def keep(self, node: str, state: SliceState) -> None:
         """Take in a slice from a write response or a GET, unless the watch already showed
         it deleted after that state (then it stays absent, and the next publish creates it)."""
-        deleted = self._deleted.get(node)
+        tombstones = self._deleted.get(node, {})
+        deleted = tombstones.get(state.name)
         if deleted is not None and not state.newer_than(deleted):
             return
-        self._deleted.pop(node, None)
-        self._slices[node] = state
+        tombstones.pop(state.name, None)
+        if not tombstones:
+            self._deleted.pop(node, None)
+        self._removing.get(node, set()).discard(state.name)  # written again since
+        self._slices.setdefault(node, {})[state.name] = state
 
     def forget(self, node: str) -> None:
-        """The node's MigNode went: a new one starts afresh (generation floor and tombstone)."""
+        """The node's MigNode went: a new one starts afresh (generation floor and tombstones)."""
         self._floors.pop(node, None)
         self._deleted.pop(node, None)
+        self._removing.pop(node, None)
 
 
 class Publisher(Protocol):

@@ -145,6 +145,7 @@ def test_virtual_device_matches_the_published_slice_device() -> None:
         "uuid": "MIG-9",
         "gpuIndex": 1,
         "placementStart": 4,
+        "created": True,
     }
     cap = device.capacity[DRIVER]
     assert cap["memory"] == Quantity(Fraction(40448 * 2**20))

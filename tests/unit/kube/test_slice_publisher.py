@@ -11,13 +11,18 @@ import pytest
 from migpart.api.models import (
     MigNode,
 )
+from migpart.dra import DRIVER
 from migpart.kube import slice_publisher
-from migpart.kube.slice_publisher import SlicePublisher
+from migpart.kube.slice_publisher import SlicePublisher, SlicesFn
 from migpart.kube.slice_watch import SliceState
-from migpart.slice_content import SliceContent, node_slices
+from migpart.mig import Instance, builtin_table
+from migpart.offer_content import offer_slices
+from migpart.slice_content import DeviceCache, SliceContent, node_slices, slice_name
+from migpart.testing.builders import H100
 from tests.unit.kube.factories import gpu
 from tests.unit.kube.factories import spec_node as node
 from tests.unit.kube.factories import watched_slice as watched
+from tests.unit.kube.slice_store import SliceStore
 
 
 def content(n: MigNode) -> SliceContent:
@@ -150,7 +155,7 @@ def test_a_write_response_older_than_a_watched_deletion_does_not_revive_the_slic
     assert "n1" not in view._slices
     # a slice written after the deletion is taken in, and the deletion is forgotten
     publisher._wrote("n1", watched("n1", 6, 310))
-    assert view._slices["n1"].generation == 6
+    assert view.get("n1").generation == 6  # type: ignore[union-attr]
     assert "n1" not in view._deleted
 
 
@@ -178,3 +183,143 @@ async def test_a_fenced_publish_sends_nothing() -> None:
     publisher._withdrawn.clear()
     assert not (await publisher.publish("n1", fence)).written
     assert checked == ["n1", "n1"]
+
+
+# ------------------------------------------------------------ pools of several slices (offer)
+
+
+def offer_node(*instances: tuple[str, int, str], gpus: int = 4) -> MigNode:
+    """MigNode n1 with `gpus` H100s, `instances` on GPU 0."""
+    return node([gpu(0, *instances), *(gpu(i) for i in range(1, gpus))]).model_copy(
+        update={"metadata": {"name": "n1"}}
+    )
+
+
+def offering(offer: list[tuple[int, Instance]]) -> SlicesFn:
+    def slices(
+        n: MigNode, withdrawn: frozenset[str], available: bool, cache: DeviceCache
+    ) -> list[SliceContent]:
+        return offer_slices(n, offer, withdrawn, available, cache=cache)
+
+    return slices
+
+
+def every_placement(gpus: int) -> list[tuple[int, Instance]]:
+    table = builtin_table(H100)
+    assert table is not None
+    return [
+        (i, Instance(p.name, s)) for i in range(gpus) for p in table.profiles for s in p.placements
+    ]
+
+
+async def test_a_pool_of_several_slices_is_written_at_one_generation() -> None:
+    store = SliceStore()
+    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(4)))
+    publisher.observe(offer_node())
+    first = await publisher.publish("n1")
+    assert first.written
+    assert first.generation == 1
+    # 4 counter sets in one slice, then 100 placements in slices of 64
+    assert store.pool("n1") == {
+        slice_name("n1"): (1, 3),
+        slice_name("n1", 1): (1, 3),
+        slice_name("n1", 2): (1, 3),
+    }
+    assert len(first.devices) == 100
+    # nothing changed: no request at all
+    taken = len(store.requests)
+    assert not (await publisher.publish("n1")).written
+    assert len(store.requests) == taken
+    # an instance is created: every slice is written again, at the next generation
+    publisher.observe(offer_node(("7g.80gb", 0, "Free")))
+    second = await publisher.publish("n1")
+    assert second.written
+    assert set(store.pool("n1").values()) == {(2, 3)}
+    assert [m for m, _ in store.requests[taken:]] == ["PUT"] * 3
+
+
+async def test_slices_the_pool_no_longer_has_are_deleted_after_the_others_are_written() -> None:
+    store = SliceStore()
+    offer = every_placement(4)
+    publisher = SlicePublisher(cast(Any, store), slices=offering(offer))
+    publisher.observe(offer_node())
+    await publisher.publish("n1")
+    taken = len(store.requests)
+    offer[:] = offer[:10]  # the planner offers less: one device slice is enough
+    publisher.invalidate("n1")
+    result = await publisher.publish("n1")
+    assert result.generation == 2
+    assert store.pool("n1") == {slice_name("n1"): (2, 2), slice_name("n1", 1): (2, 2)}
+    assert store.requests[taken:] == [
+        ("PUT", slice_name("n1")),
+        ("PUT", slice_name("n1", 1)),
+        ("DELETE", slice_name("n1", 2)),
+    ]
+    # its DELETED event is the publisher's own doing: no rewrite asked
+    gone = {"metadata": {"name": slice_name("n1", 2), "resourceVersion": "999"}}
+    gone["spec"] = {"driver": DRIVER, "nodeName": "n1", "pool": {"generation": 1}}
+    assert publisher.view.deleted(gone) is None
+    assert publisher.view.floor("n1") == 1
+
+
+async def test_back_to_reactive_mode_leaves_one_slice() -> None:
+    store = SliceStore()
+    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(4)))
+    publisher.observe(offer_node(("7g.80gb", 0, "Free")))
+    await publisher.publish("n1")
+    publisher.slices = None
+    publisher.invalidate("n1")
+    result = await publisher.publish("n1")
+    assert result.generation == 2
+    assert store.pool("n1") == {slice_name("n1"): (2, 1)}
+    assert result.devices == {"gpu-0-7g80gb-0"}
+    stored = store.slices[slice_name("n1")]["spec"]
+    assert "sharedCounters" not in stored
+    assert [d["name"] for d in stored["devices"]] == ["gpu-0-7g80gb-0"]
+
+
+async def test_an_unavailable_node_keeps_one_empty_slice_of_its_pool() -> None:
+    store = SliceStore()
+    down: list[str] = []
+    publisher = SlicePublisher(
+        cast(Any, store),
+        slices=offering(every_placement(4)),
+        gate=lambda n: "LeaseExpired" if down else None,
+    )
+    publisher.observe(offer_node())
+    await publisher.publish("n1")
+    down.append("n1")
+    publisher.invalidate("n1")
+    result = await publisher.publish("n1")
+    assert result.devices == frozenset()
+    assert store.pool("n1") == {slice_name("n1"): (2, 1)}
+    assert store.slices[slice_name("n1")]["spec"]["devices"] == []
+
+
+async def test_a_conflict_in_the_middle_of_a_pool_write_starts_it_over_at_a_new_generation() -> (
+    None
+):
+    store = SliceStore()
+    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(4)))
+    publisher.observe(offer_node())
+    await publisher.publish("n1")
+    store.touch(slice_name("n1", 1))  # written by someone else since
+    publisher.observe(offer_node(("7g.80gb", 0, "Free")))
+    result = await publisher.publish("n1")
+    assert result.written
+    assert publisher.reads == 1
+    # generation 2 was half written when the conflict came: all three are at 3 now
+    assert set(store.pool("n1").values()) == {(3, 3)}
+    assert result.generation == 3
+
+
+async def test_a_slice_deleted_underneath_is_created_again_in_the_pools_next_generation() -> None:
+    store = SliceStore()
+    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(4)))
+    publisher.observe(offer_node())
+    await publisher.publish("n1")
+    body = store.slices.pop(slice_name("n1", 2))
+    assert publisher.view.deleted(body) == "n1"  # the watch asks a rewrite
+    result = await publisher.publish("n1")
+    assert result.written
+    assert set(store.pool("n1").values()) == {(2, 3)}

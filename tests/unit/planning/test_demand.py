@@ -337,7 +337,7 @@ def test_deviceclass_manifest_is_ours() -> None:
         ),
         pytest.param(
             _req(selectors=[f'{ATTR}.color == "red"']),
-            ["no such member in mapping: 'color'", "have attributes gpuIndex, parentUUID"],
+            ["no such member in mapping: 'color'", "have attributes created, gpuIndex, parentUUID"],
             id="unknown-attribute",
         ),
         pytest.param(

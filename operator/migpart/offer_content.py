@@ -1,0 +1,277 @@
+"""What a node's pool lists in offer mode: placements as partitionable devices (KEP-4815).
+
+In offer mode (docs/offer-mode.md) migpart publishes, per GPU, the placements it is willing to
+offer before they exist: kube-scheduler allocates one at once and the instance is created
+after. What keeps two overlapping placements from both being allocated is the pool's shared
+counters: one counter set per GPU, holding one counter of capacity 1 per memory slice, one for
+the compute slices, and one per profile whose instance limit is below its placement count (the
+media-extension profiles: at most one `+me` instance however many places it could go). Each
+device consumes what its placement occupies, so the scheduler never allocates devices whose
+counters add up to more than the GPU has.
+
+That holds only if every device that takes counters is published: `offer_slices` lists the
+offered placements in the planner's order (the scheduler tries devices in slice order), then
+every existing instance of the node, free or used, and every device an allocated claim names,
+whether offered now or not. A free instance on its way out (withdrawn by the destroy protocol,
+or no longer in the spec) stays listed, with the NoSchedule taint `WITHDRAWN_TAINT`, so that
+its counters keep counting until the agent destroys it.
+
+The API server takes counter sets and devices in separate slices of one pool, and a limited
+number of each per slice (`MAX_*`, measured by hack/slice_limits.py): the pool is split across
+slices named by `slice_name(node, index)`, counter sets first.
+
+This module is pure: no client library, no logging, no clock (import-linter keeps it so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode
+from migpart.dra import DRIVER
+from migpart.mig import Instance, Profile
+from migpart.mig.profiles import ModelTable, device_name
+from migpart.slice_content import (
+    Device,
+    DeviceCache,
+    SliceContent,
+    canonical,
+    described,
+    digest,
+    mignode_owner,
+    node_slices,
+    slice_device,
+)
+
+# The API server's limits on one resource.k8s.io/v1 ResourceSlice (Kubernetes 1.36+, measured
+# by hack/slice_limits.py; docs/offer-mode.md "API server limits"):
+# devices in a slice where any device consumes counters or has a taint (128 otherwise)
+MAX_DEVICES_PER_SLICE = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_COUNTERS_PER_SET = 32
+# counters one device may consume from one counter set
+MAX_COUNTERS_PER_CONSUMPTION = 32
+
+# Counter set and counter names must be DNS labels.
+MEMORY_COUNTER_PREFIX = "memory-slice-"
+COMPUTE_COUNTER = "compute-slices"
+INSTANCES_COUNTER_PREFIX = "instances-"
+# A device attribute: True for an existing instance, False for a placement not created yet.
+CREATED_ATTRIBUTE = "created"
+# On a free instance that is leaving: not allocatable, but its counters still count.
+WITHDRAWN_TAINT = {"key": f"{DRIVER}/withdrawn", "effect": "NoSchedule"}
+
+
+def counter_set_name(gpu_index: int) -> str:
+    """The counter set of GPU `gpu_index` of the node (unique in the node's pool)."""
+    return f"gpu-{gpu_index}"
+
+
+def memory_counter(memory_slice: int) -> str:
+    return f"{MEMORY_COUNTER_PREFIX}{memory_slice}"
+
+
+def instances_counter(profile: str) -> str:
+    """The counter of a profile's instance limit (`1g.10gb+me` -> `instances-1g10gbme`)."""
+    return INSTANCES_COUNTER_PREFIX + profile.replace(".", "").replace("+", "")
+
+
+def _limited(table: ModelTable) -> list[Profile]:
+    """The profiles whose instance limit is below their placement count: memory and compute
+    alone would let more of them coexist than NVML creates."""
+    return [p for p in table.profiles if p.max_instances < len(p.placements)]
+
+
+def gpu_counters(table: ModelTable) -> dict[str, int]:
+    """The counters of one GPU of `table`'s model and their capacities."""
+    counters = {memory_counter(k): 1 for k in range(table.memory_slices)}
+    counters[COMPUTE_COUNTER] = table.compute_slices
+    counters.update({instances_counter(p.name): p.max_instances for p in _limited(table)})
+    return counters
+
+
+def consumed_counters(profile: Profile, start: int) -> dict[str, int]:
+    """What an instance of `profile` at `start` takes of its GPU's counters: the memory slices
+    it spans, its compute slices, and one instance of its profile where that is limited."""
+    consumed = {memory_counter(start + k): 1 for k in range(profile.memory_slices)}
+    if profile.compute_slices:
+        consumed[COMPUTE_COUNTER] = profile.compute_slices
+    if profile.max_instances < len(profile.placements):
+        consumed[instances_counter(profile.name)] = 1
+    return consumed
+
+
+def counter_set(gpu_index: int, table: ModelTable) -> dict[str, Any]:
+    """The resource.k8s.io/v1 `sharedCounters` entry of one GPU."""
+    counters = gpu_counters(table)
+    return {
+        "name": counter_set_name(gpu_index),
+        "counters": {name: {"value": str(n)} for name, n in sorted(counters.items())},
+    }
+
+
+def placement_device(
+    gpu: GpuStatus,
+    profile: Profile,
+    start: int,
+    uuid: str = "",
+    created: bool = False,
+    withdrawn: bool = False,
+) -> Device:
+    """The device of one placement of `profile` on `gpu` (an existing instance when
+    `created`, with its `uuid`): `slice_device` plus the counters it consumes, and the
+    withdrawn taint where it is leaving."""
+    device = slice_device(
+        gpu.index, profile, start, gpu.model, gpu.uuid, uuid=uuid, created=created
+    )
+    consumed = consumed_counters(profile, start)
+    device["consumesCounters"] = [
+        {
+            "counterSet": counter_set_name(gpu.index),
+            "counters": {name: {"value": str(n)} for name, n in sorted(consumed.items())},
+        }
+    ]
+    if withdrawn:
+        device["taints"] = [dict(WITHDRAWN_TAINT)]
+    return device
+
+
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    """One MIG-enabled GPU of the node: its status, profile table and placements by name."""
+
+    status: GpuStatus
+    table: ModelTable
+    # device name -> (profile, start), for every placement of every profile
+    placements: dict[str, tuple[Profile, int]]
+    # device name -> instance, for every existing instance
+    instances: dict[str, MigInstanceStatus]
+    # profile name -> everything the table says of it (`slice_content.described`)
+    described: dict[str, tuple[Any, ...] | None]
+
+    @staticmethod
+    def of(gpu: GpuStatus) -> _Gpu:
+        table = gpu.table()
+        return _Gpu(
+            gpu,
+            table,
+            {
+                device_name(gpu.index, p.name, start): (p, start)
+                for p in table.profiles
+                for start in p.placements
+            },
+            {device_name(gpu.index, i.profile, i.start): i for i in gpu.instances},
+            {p.name: described(gpu, p.name) for p in table.profiles},
+        )
+
+
+def _leaving(node: MigNode, withdrawn: Iterable[str]) -> set[str]:
+    """The node's instances on their way out: withdrawn, or free and no longer in the spec
+    (reactive mode unpublishes those; here they stay, tainted, until the agent destroys
+    them)."""
+    leaving = set(withdrawn)
+    desired = node.desired()
+    for gpu in node.status.gpus if node.status else []:
+        want = desired.get(gpu.index)
+        for inst in gpu.instances:
+            dropped = want is not None and Instance(inst.profile, inst.start) not in want
+            if dropped and inst.state == "Free":
+                leaving.add(device_name(gpu.index, inst.profile, inst.start))
+    return leaving
+
+
+def offer_slices(
+    node: MigNode,
+    offer: Sequence[tuple[int, Instance]],
+    withdrawn: Iterable[str] = (),
+    available: bool = True,
+    allocated: Iterable[str] = (),
+    cache: DeviceCache | None = None,
+) -> list[SliceContent]:
+    """The slices of the node's pool in offer mode.
+
+    `offer`: the placements to offer, (GPU index, instance), best first (the planner's
+    order: `migpart.planning.offer`); placements its GPU's table lacks, or of a GPU without
+    MIG, are left out. `withdrawn`: devices the destroy protocol withdrew (published tainted).
+    `allocated`: the device names allocated claims hold on this node (published whether
+    offered or not). An unavailable node gets reactive mode's answer: one empty slice, never
+    created. `cache` only saves work: the result is the same without it.
+    """
+    if not available:
+        return node_slices(node, withdrawn, available=False)
+    devices = cache or DeviceCache()
+    gpus = {g.index: _Gpu.of(g) for g in (node.status.gpus if node.status else []) if g.mig_enabled}
+    leaving = _leaving(node, withdrawn)
+    entries: dict[str, tuple[Device, str]] = {}
+
+    def add(gpu: _Gpu, name: str) -> None:
+        if name in entries:
+            return
+        inst = gpu.instances.get(name)
+        known = gpu.placements.get(name)
+        if inst is not None and known is None:
+            # an instance of a profile the table lacks: no counters to consume
+            entries[name] = devices.get(gpu.status, inst)
+            return
+        if known is None:
+            return
+        profile, start = known
+        uuid = inst.uuid if inst is not None else ""
+        tainted = inst is not None and name in leaving
+        key = ("offer", gpu.status.index, gpu.status.model, gpu.status.uuid, name, uuid)
+        entries[name] = devices.entry(
+            (*key, inst is not None, tainted, gpu.described[profile.name]),
+            lambda: placement_device(
+                gpu.status, profile, start, uuid, created=inst is not None, withdrawn=tainted
+            ),
+        )
+
+    for index, inst in offer:
+        if (gpu := gpus.get(index)) is not None:
+            add(gpu, device_name(index, inst.profile, inst.start))
+    held = set(allocated)
+    for gpu in sorted(gpus.values(), key=lambda g: g.status.index):
+        for name in sorted(set(gpu.instances) | (held & gpu.placements.keys())):
+            add(gpu, name)
+    counter_sets = [counter_set(i, gpus[i].table) for i in sorted(gpus)]
+    return _pool(node, counter_sets, list(entries.values()))
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for k in range(0, len(items), size):
+        yield items[k : k + size]
+
+
+def _pool(
+    node: MigNode, counter_sets: list[dict[str, Any]], entries: list[tuple[Device, str]]
+) -> list[SliceContent]:
+    """The pool's slices: the counter sets, then the devices in their order, each slice as
+    full as the API server allows; at least one slice (empty)."""
+    name = str(node.metadata.get("name", ""))
+    owner = mignode_owner(node)
+    parts: list[tuple[list[dict[str, Any]] | None, list[tuple[Device, str]]]] = [
+        (sets, []) for sets in _chunks(counter_sets, MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    parts += [(None, chunk) for chunk in _chunks(entries, MAX_DEVICES_PER_SLICE)]
+    if not parts:
+        parts = [(None, [])]
+    return [
+        SliceContent(
+            node=name,
+            devices=[device for device, _ in chunk],
+            digest=digest(
+                ["sharedCounters", *map(canonical, sets)]
+                if sets is not None
+                else [t for _, t in chunk]
+            ),
+            names=frozenset(str(device["name"]) for device, _ in chunk),
+            owner=owner,
+            create=True,
+            pool_slices=len(parts),
+            index=index,
+            counter_sets=sets,
+        )
+        for index, (sets, chunk) in enumerate(parts)
+    ]
