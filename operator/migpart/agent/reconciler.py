@@ -228,52 +228,59 @@ async def create_guarded(
     reconciler and the kubelet plugin (which creates a placement at prepare time) never create
     two overlapping instances. Nothing is ever destroyed here. A lost GPU raises."""
     async with checkpoint.lock:
-        listed = await backend.instances(gpu)
-        if any(_key(i) == inst and i.ci_id is not None for i in listed):
-            return None
-        clash = overlapping(table, [_key(i) for i in listed], inst)
-        if clash is not None:
-            message = (
-                f"would overlap {clash.profile}@{clash.start}, which exists: nothing is"
-                " destroyed to make room"
-            )
-            log.warning(
-                "mig_instance_refused",
+        return await create_locked(backend, table, gpu, inst)
+
+
+async def create_locked(
+    backend: NvmlBackend, table: ModelTable, gpu: int, inst: Instance
+) -> Failure | None:
+    """`create_guarded` for a caller that holds the checkpoint lock already."""
+    listed = await backend.instances(gpu)
+    if any(_key(i) == inst and i.ci_id is not None for i in listed):
+        return None
+    clash = overlapping(table, [_key(i) for i in listed], inst)
+    if clash is not None:
+        message = (
+            f"would overlap {clash.profile}@{clash.start}, which exists: nothing is"
+            " destroyed to make room"
+        )
+        log.warning(
+            "mig_instance_refused",
+            gpu=gpu,
+            profile=inst.profile,
+            start=inst.start,
+            reason=message,
+        )
+        return Failure(
+            FailedInstance(
                 gpu=gpu,
                 profile=inst.profile,
                 start=inst.start,
-                reason=message,
+                reason="Overlap",
+                message=message,
             )
-            return Failure(
-                FailedInstance(
-                    gpu=gpu,
-                    profile=inst.profile,
-                    start=inst.start,
-                    reason="Overlap",
-                    message=message,
-                )
-            )
-        try:
-            await backend.create(gpu, inst.profile, inst.start)
-        except NvmlFailure as err:
-            if _is_lost(err):
-                raise
-            log.warning(
-                "mig_instance_create_failed",
-                gpu=gpu,
-                profile=inst.profile,
-                start=inst.start,
-                error=str(err),
-                code=err.code,
-            )
-            status = FailedInstance(
-                gpu=gpu,
-                profile=inst.profile,
-                start=inst.start,
-                reason="NvmlError",
-                message=str(err)[:1024],
-            )
-            return Failure(status, err.code)
+        )
+    try:
+        await backend.create(gpu, inst.profile, inst.start)
+    except NvmlFailure as err:
+        if _is_lost(err):
+            raise
+        log.warning(
+            "mig_instance_create_failed",
+            gpu=gpu,
+            profile=inst.profile,
+            start=inst.start,
+            error=str(err),
+            code=err.code,
+        )
+        status = FailedInstance(
+            gpu=gpu,
+            profile=inst.profile,
+            start=inst.start,
+            reason="NvmlError",
+            message=str(err)[:1024],
+        )
+        return Failure(status, err.code)
     log.info("mig_instance_created", gpu=gpu, profile=inst.profile, start=inst.start)
     return None
 
