@@ -33,7 +33,7 @@ from migpart.api.models import Condition, GpuPartitionPolicyStatus, MigNode, Mig
 from migpart.controller.bodies import strip
 from migpart.controller.scope import ScopeCache
 from migpart.errors import NotLeader
-from migpart.kube.claims import list_claims_quorum
+from migpart.kube.claims import body_key, list_claims_quorum, patch_claim_devices
 from migpart.kube.election import Leadership, Term, Unelected
 from migpart.kube.objects import (
     patch_mignode_conditions,
@@ -97,6 +97,11 @@ class Effects(Protocol):
 
     def event(self, body: Body, type: str, reason: str, message: str) -> None:
         """Post a Kubernetes Event about `body`."""
+        ...
+
+    async def write_claim_devices(self, claim: Body, devices: list[dict[str, Any]]) -> None:
+        """Replace a ResourceClaim's `status.devices` over the claim as read (offer mode's
+        binding conditions, controller/offer_relay.py)."""
         ...
 
 
@@ -208,6 +213,10 @@ class KubeEffects(FencedPort):
         self._fence("event", str((body.get("metadata") or {}).get("name", "")))
         kopf.event(as_body(body), type=type, reason=reason, message=message)
 
+    async def write_claim_devices(self, claim: Body, devices: list[dict[str, Any]]) -> None:
+        self._fence("claim status", body_key(claim))
+        await patch_claim_devices(self.api, claim, devices)
+
 
 @dataclass(frozen=True, slots=True)
 class Refused:
@@ -249,6 +258,8 @@ class InMemoryEffects(FencedPort):
     published: list[str] = field(default_factory=list)
     # (node, resourceVersion, conditions) of each condition write
     conditions: list[tuple[str, str, list[Condition]]] = field(default_factory=list)
+    # (claim key, status.devices) of each claim status write
+    claim_devices: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     leadership: Leadership = field(default_factory=Unelected)
     term: Term | None = None
     refused: list[Refused] = field(default_factory=list)
@@ -318,3 +329,7 @@ class InMemoryEffects(FencedPort):
         name = str((body.get("metadata") or {}).get("name", ""))
         self._fence("event", name)
         self.events.append(PostedEvent(name, type, reason, message))
+
+    async def write_claim_devices(self, claim: Body, devices: list[dict[str, Any]]) -> None:
+        self._fence("claim status", body_key(claim))
+        self.claim_devices.append((body_key(claim), devices))
