@@ -149,9 +149,11 @@ def _conflict(where: Placement, keep: set[Instance]) -> str:
 
 
 def _spec(
-    node: MigNode, kept: Mapping[int, set[Instance]], added: Mapping[int, list[Instance]],
+    node: MigNode,
+    kept: Mapping[int, set[Instance]],
+    added: Mapping[int, list[Instance]],
     names: Sequence[str],
-) -> MigNodeSpec:  # fmt: skip
+) -> MigNodeSpec:
     spec = node.spec if node.spec is not None and node.spec.plan_id is not None else None
     gpus = {g.index: g for g in spec.gpus} if spec is not None else {}
     for index in added:
