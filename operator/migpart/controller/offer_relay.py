@@ -11,6 +11,11 @@ node at a time, an event meanwhile asks for one more pass):
    verdict the MigNode gives (`relay.verdict`) in its `status.devices`, through the port;
    a failure is told once more as a Warning Event on the claim.
 
+A round that planned before the relay wrote, and writes its spec after, would drop a
+placement not created yet; the snapshot counts allocated placements as used, so it does so only
+when it had not seen the allocation, and the relay adds the placement again on the MigNode
+event that write makes (an instance already created is protected by the destroy protocol).
+
 Level-triggered: a pass reads the newest MigNode and claims it has; what is there already is
 not written again, so passes are idempotent, and a write that failed (a 409, the API server
 away) is tried again on the next event of the node or the claim. A standby settles nothing:
@@ -32,7 +37,7 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.controller.relay import Verdict, binding_entries, relay, verdict
-from migpart.dra import DRIVER, INSTANCE_FAILED, as_iso, awaiting_binding
+from migpart.dra import INSTANCE_FAILED, allocation_results, as_iso, awaiting_binding, ours
 from migpart.errors import MigpartError
 from migpart.kube.claims import body_key
 from migpart.kube.watch import Index
@@ -56,11 +61,10 @@ def _revision(body: Body | None) -> int:
 
 def held_devices(claim: Body) -> dict[str, list[str]]:
     """Pool (node) -> our device names the claim's allocation holds there."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
     out: dict[str, list[str]] = {}
-    for r in (allocation.get("devices") or {}).get("results") or []:
-        if r.get("driver") == DRIVER and r.get("pool") and r.get("device"):
-            out.setdefault(str(r["pool"]), []).append(str(r["device"]))
+    for result in ours(allocation_results(claim)):
+        if result.pool and result.device:
+            out.setdefault(result.pool, []).append(result.device)
     return out
 
 
@@ -226,7 +230,6 @@ class RelayingIndex(Index):
     def listed(self, objects: Sequence[Body]) -> None:
         super().listed(objects)
         self.relay.claims_listed(list(objects))
-        self.relay.settle_all()
 
     def changed(self, kind: str, obj: Body) -> None:
         super().changed(kind, obj)
