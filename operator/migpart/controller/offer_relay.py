@@ -11,10 +11,10 @@ node at a time, an event meanwhile asks for one more pass):
    verdict the MigNode gives (`relay.verdict`) in its `status.devices`, through the port;
    a failure is told once more as a Warning Event on the claim.
 
-A round that planned before the relay wrote, and writes its spec after, would drop a
-placement not created yet; the snapshot counts allocated placements as used, so it does so only
-when it had not seen the allocation, and the relay adds the placement again on the MigNode
-event that write makes (an instance already created is protected by the destroy protocol).
+A round that planned before the relay wrote would drop a placement not created yet with its
+spec: right before each spec write it checks that the node's spec is still the one it planned
+on (`PolicyRound.spec_moved`), and plans again otherwise; from then on the snapshot counts the
+allocated placement as used.
 
 Level-triggered: a pass reads the newest MigNode and claims it has; what is there already is
 not written again, so passes are idempotent, and a write that failed (a 409, the API server
@@ -36,6 +36,7 @@ import aiohttp
 import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from migpart.controller.indexes import newest_mignode
 from migpart.controller.relay import Verdict, binding_entries, relay, verdict
 from migpart.dra import INSTANCE_FAILED, allocation_results, as_iso, awaiting_binding, ours
 from migpart.errors import MigpartError
@@ -50,13 +51,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 Body = Mapping[str, Any]
-
-
-def _revision(body: Body | None) -> int:
-    try:
-        return int(((body or {}).get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 def held_devices(claim: Body) -> dict[str, list[str]]:
@@ -147,10 +141,8 @@ class OfferRelay:
 
     def mignode(self, name: str) -> Body | None:
         """The newest body of MigNode `name`: the watch's, or our own last write if newer."""
-        index: Any = (self.state.watched or {}).get("mignodes_index") or {}
-        seen = next(iter(index[name]), None) if name in index else None
-        mine = self.state.written.get(name)
-        return mine if mine is not None and _revision(mine) > _revision(seen) else seen
+        index: Mapping[str, Any] = (self.state.watched or {}).get("mignodes_index") or {}
+        return newest_mignode(index, self.state.written, name)
 
     async def settle_now(self, name: str) -> None:
         """One pass over node `name` (module docstring)."""

@@ -276,3 +276,26 @@ async def test_the_round_before_the_relay_counts_the_placement_as_used() -> None
     await run(state, world({"a": body}, [whole_gpu("c2")]))
     [(_, spec)] = effects.specs
     assert [(i.profile, i.start) for i in spec.gpus[0].instances] == [("7g.80gb", 0)]
+
+
+async def test_a_round_whose_node_the_relay_wrote_meanwhile_plans_again() -> None:
+    """The round plans 7g.80gb@0 over the free 3g.40gb@0; inside its destroy window a claim
+    is allocated 3g.40gb@4 and the relay writes it into the spec. The round's spec would drop
+    it: the round must plan again instead of writing."""
+    body = node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free"), gpus=1)
+    world_ = Cluster(body)
+    claim = offered("c1", "gpu-0-3g40gb-4")
+    cluster = world({"a": body}, [whole_gpu("c2")])
+
+    async def allocated_meanwhile(node: str, devices: frozenset[str]) -> None:
+        cluster.claims["ns/c1"] = claim  # type: ignore[index]  # the claim watch shows it
+        world_.effects.claims = [claim]
+        await world_.claim(claim)
+
+    world_.state.hooks.after_withdraw = allocated_meanwhile
+    await run(world_.state, cluster)
+    assert world_.effects.withdrawals == [("a", frozenset({"gpu-0-3g40gb-0"}))]
+    for _, spec in world_.effects.specs:
+        wanted = {(i.profile, i.start) for g in spec.gpus for i in g.instances}
+        assert ("3g.40gb", 4) in wanted
+    assert len(world_.effects.specs) == 1  # the relay's; the round wrote none
