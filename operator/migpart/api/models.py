@@ -205,12 +205,10 @@ class GpuStatus(_Model):
         )
 
 
-class FailedInstance(_Model):
+class FailedInstance(MigInstanceSpec):
     """A spec instance the agent's last pass did not create (Overlap: refused, NvmlError)."""
 
     gpu: Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
-    profile: ReportedProfileName
-    start: NonNegative
     reason: Literal["Overlap", "NvmlError"]
     message: Annotated[str, StringConstraints(max_length=1024)] = ""
 
