@@ -44,6 +44,7 @@ OPERATOR_ROWS: list[Row] = [
     (OPERATOR, "create", "", "pods", "", False),
     (OPERATOR, "delete", "", "pods", "", False),
     (OPERATOR, "update", "resource.k8s.io", "resourceclaims", "status", False),
+    (OPERATOR, "patch", "resource.k8s.io", "resourceclaims", "status", True),  # offer mode
     (OPERATOR, "delete", "resource.k8s.io", "resourceslices", "", False),
     (OPERATOR, "create", GROUP, "gpupartitionpolicies", "", False),
     (OPERATOR, "patch", GROUP, "gpupartitionpolicies", "", False),

@@ -10,6 +10,12 @@ Preparing a claim = reading its allocation from the API server, mapping each all
 (`gpu-<i>-<profile>-<start>`) to the MIG instance NVML shows, writing a CDI spec, recording the
 claim in the checkpoint (from then on the instance is never destroyed) and returning the CDI ids.
 Both calls are idempotent: kubelet retries them and calls them again after restarts.
+
+Offer mode: a claim may be allocated a placement whose instance does not exist yet. Where the
+API server serves binding conditions, the pod is bound only once the instance exists; where it
+does not, kubelet may ask to prepare such a claim first, and the placement is created then,
+under the same guard as the reconciler's (`reconciler.create_locked`: never over an instance
+that exists, nothing destroyed to make room).
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ from migpart.agent.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
+from migpart.agent.reconciler import create_locked
 from migpart.api.models import KubeletPluginStatus
 from migpart.dra import DRIVER, DeviceId, ours
 from migpart.errors import MigpartError
+from migpart.mig import Instance, device_name
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -95,6 +103,26 @@ class DraDriver:
                     out[device] = (inst, gpu.minor)
         return out
 
+    async def _create_placement(self, device: str) -> None:
+        """Create the MIG instance that `device` names if it is a placement on one of the
+        node's GPUs (caller holds the checkpoint lock); raise PrepareError when it is none or
+        cannot be created."""
+        for gpu in await self.backend.gpus():
+            if not gpu.mig_enabled or gpu.lost:
+                continue
+            table = await self.backend.profile_table(gpu.index)
+            for profile in table.profiles:
+                for start in profile.placements:
+                    if device_name(gpu.index, profile.name, start) != device:
+                        continue
+                    inst = Instance(profile.name, start)
+                    failure = await create_locked(self.backend, table, gpu.index, inst)
+                    if failure is not None:
+                        raise PrepareError(f"device {device} not created: {failure.message}")
+                    log.info("placement_created_at_prepare", node=self.node, device=device)
+                    return
+        raise PrepareError(f"device {device} does not exist on node {self.node}")
+
     async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
         done = self.checkpoint.get(claim.uid)
         if done is not None:
@@ -110,6 +138,11 @@ class DraDriver:
             if done is not None:
                 return list(done.devices)
             present = await self._instances()
+            missing = [a for a in allocated if a.id not in present]
+            for a in missing:
+                await self._create_placement(a.device)
+            if missing:
+                present = await self._instances()
             devices: list[PreparedDevice] = []
             cdi_devices: list[CdiDevice] = []
             for a in allocated:

@@ -11,6 +11,11 @@ converges from whatever NVML shows. Safety rules, enforced here and nowhere else
 - what the spec wants is `MigNodeSpec.desired()`, the definition the operator's slice publisher
   and planner use too: GPUs it does not list, and every GPU while the spec has no `planId`
   (whatever it lists), are left alone;
+- an instance is created only where nothing else is: one that would overlap an instance that
+  exists (kept in use, or created meanwhile by the kubelet plugin: both create under the
+  checkpoint lock) is refused without an NVML call and reported in `status.failedInstances`
+  (`Overlap`), as is one NVML refused (`NvmlError`); the operator turns either into the
+  failure binding condition of the claim allocated it (offer mode);
 - `observedPlanId` becomes the spec's planId only when every managed GPU equals its spec. A GPU
   NVML reports lost (GPU_IS_LOST) is left out: nothing can be done on it, so it does not hold
   the plan back (nor the operator's `maxConcurrentNodes` slot). It is reported in
@@ -28,6 +33,7 @@ import structlog
 
 from migpart.api.models import (
     Condition,
+    FailedInstance,
     GpuStatus,
     MigInstanceStatus,
     MigNodeSpec,
@@ -38,7 +44,7 @@ from migpart.errors import GpuBusy, NvmlFailure
 from migpart.mig import Instance, layout_problems
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
     from migpart.agent.backend import GpuInfo, MigInstance, NvmlBackend
     from migpart.agent.checkpoint import Checkpoint
@@ -66,6 +72,8 @@ class ReconcileResult:
     ops: list[Op]
     problems: list[str] = field(default_factory=list)
     converged: bool = False
+    # NVML error codes of the creates that failed (the agent counts them and retries soon)
+    nvml_errors: list[int | None] = field(default_factory=list)
 
 
 @dataclass
@@ -126,9 +134,12 @@ async def _converge(
     ops: list[Op],
     kept: list[str],
     problems: list[str],
+    failed: list[Failure],
+    errors: list[int | None],
 ) -> None:
     """Make one GPU's instances `want`: free instances it does not list destroyed, then the
-    missing ones created; what was done, kept or refused is appended to the lists."""
+    missing ones created; what was done, kept, refused or failed (with the NVML error codes)
+    is appended to the lists."""
     where = f"GPU {g.info.index}"
     if not g.info.mig_enabled:
         if want:
@@ -165,25 +176,113 @@ async def _converge(
             continue
         ops.append(Op("destroy", inst.gpu, inst.profile, inst.start))
         log.info("mig_instance_destroyed", gpu=inst.gpu, profile=inst.profile, start=inst.start)
-    present = {_key(i) for i in await backend.instances(g.info.index) if i.ci_id is not None}
-    for inst_key in sorted(want - present):
-        try:
-            await backend.create(g.info.index, inst_key.profile, inst_key.start)
-        except NvmlFailure as err:
-            if err.code != pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES:
-                raise
-            problems.append(
-                f"{inst_key.profile}@{inst_key.start} on {where} not created: "
-                "blocked by a kept instance"
-            )
+    for inst_key in sorted(want - {_key(i) for i in g.actual if i.ci_id is not None}):
+        failure = await create_guarded(backend, checkpoint, g.table, g.info.index, inst_key)
+        if failure is None:
+            ops.append(Op("create", g.info.index, inst_key.profile, inst_key.start))
             continue
-        ops.append(Op("create", g.info.index, inst_key.profile, inst_key.start))
-        log.info(
-            "mig_instance_created",
-            gpu=g.info.index,
-            profile=inst_key.profile,
-            start=inst_key.start,
+        failed.append(failure)
+        if failure.reason == "NvmlError":
+            errors.append(failure.code)
+        problems.append(
+            f"{inst_key.profile}@{inst_key.start} on {where} not created: {failure.message}"
         )
+
+
+def overlapping(table: ModelTable, taken: Iterable[Instance], new: Instance) -> Instance | None:
+    """An instance of `taken` whose memory slices `new` would share (None: none)."""
+    if not table.has(new.profile):
+        return None
+    mask = table.profile(new.profile).mask(new.start)
+    return next(
+        (
+            t
+            for t in taken
+            if table.has(t.profile) and table.profile(t.profile).mask(t.start) & mask
+        ),
+        None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why `create_guarded` did not create an instance (`code`: NVML's, for NvmlError)."""
+
+    status: FailedInstance
+    code: int | None = None
+
+    @property
+    def reason(self) -> str:
+        return self.status.reason
+
+    @property
+    def message(self) -> str:
+        return self.status.message
+
+
+async def create_guarded(
+    backend: NvmlBackend, checkpoint: Checkpoint, table: ModelTable, gpu: int, inst: Instance
+) -> Failure | None:
+    """Create `inst` on `gpu` unless it exists already or would overlap an instance that
+    exists; None when it exists now, else why not. Under the checkpoint lock, so that the
+    reconciler and the kubelet plugin (which creates a placement at prepare time) never create
+    two overlapping instances. Nothing is ever destroyed here. A lost GPU raises."""
+    async with checkpoint.lock:
+        return await create_locked(backend, table, gpu, inst)
+
+
+async def create_locked(
+    backend: NvmlBackend, table: ModelTable, gpu: int, inst: Instance
+) -> Failure | None:
+    """`create_guarded` for a caller that holds the checkpoint lock already."""
+    listed = await backend.instances(gpu)
+    if any(_key(i) == inst and i.ci_id is not None for i in listed):
+        return None
+    clash = overlapping(table, [_key(i) for i in listed], inst)
+    if clash is not None:
+        message = (
+            f"would overlap {clash.profile}@{clash.start}, which exists: nothing is"
+            " destroyed to make room"
+        )
+        log.warning(
+            "mig_instance_refused",
+            gpu=gpu,
+            profile=inst.profile,
+            start=inst.start,
+            reason=message,
+        )
+        return Failure(
+            FailedInstance(
+                gpu=gpu,
+                profile=inst.profile,
+                start=inst.start,
+                reason="Overlap",
+                message=message,
+            )
+        )
+    try:
+        await backend.create(gpu, inst.profile, inst.start)
+    except NvmlFailure as err:
+        if _is_lost(err):
+            raise
+        log.warning(
+            "mig_instance_create_failed",
+            gpu=gpu,
+            profile=inst.profile,
+            start=inst.start,
+            error=str(err),
+            code=err.code,
+        )
+        status = FailedInstance(
+            gpu=gpu,
+            profile=inst.profile,
+            start=inst.start,
+            reason="NvmlError",
+            message=str(err)[:1024],
+        )
+        return Failure(status, err.code)
+    log.info("mig_instance_created", gpu=gpu, profile=inst.profile, start=inst.start)
+    return None
 
 
 async def reconcile_once(
@@ -199,6 +298,8 @@ async def reconcile_once(
     ops: list[Op] = []
     problems: list[str] = []
     kept: list[str] = []
+    failed: list[Failure] = []
+    errors: list[int | None] = []
     gpus, lost = await read_gpus(backend)
     by_index = {g.info.index: g for g in gpus}
     for index in sorted(desired):
@@ -209,7 +310,7 @@ async def reconcile_once(
         if want is None:
             continue
         try:
-            await _converge(g, want, backend, checkpoint, ops, kept, problems)
+            await _converge(g, want, backend, checkpoint, ops, kept, problems, failed, errors)
         except NvmlFailure as err:
             if not _is_lost(err):
                 raise
@@ -225,8 +326,14 @@ async def reconcile_once(
         for i in status.lost_gpus
     ]
     conditions = _conditions(converged, kept, problems + gone, previous, now, bool(gone))
-    status = status.model_copy(update={"observed_plan_id": observed, "conditions": conditions})
-    return ReconcileResult(status.summarized(plan_id), ops, kept + problems, converged)
+    status = status.model_copy(
+        update={
+            "observed_plan_id": observed,
+            "conditions": conditions,
+            "failed_instances": [f.status for f in failed],
+        }
+    )
+    return ReconcileResult(status.summarized(plan_id), ops, kept + problems, converged, errors)
 
 
 async def observe(

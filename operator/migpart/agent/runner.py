@@ -79,6 +79,8 @@ class Agent:
         # what kubelet said about the plugin's registration, reported in the status (None:
         # not reported, the agent runs without a kubelet that registers it)
         self.registration = registration
+        # the last pass had an NVML error creating an instance: the next one comes with back-off
+        self.failing = False
 
     def poke(self) -> None:
         """Ask for a reconcile pass soon (e.g. after a claim was prepared)."""
@@ -127,7 +129,11 @@ class Agent:
         )
         for op in result.ops:
             self.metrics.operations.labels(self.node, op.kind).inc()
+        for code in result.nvml_errors:
+            self.metrics.nvml_error(code)
+        self.failing = bool(result.nvml_errors)
         status = result.status
+        await self._warn_failed(status)
         before = set(self.status.lost_gpus) if self.status is not None else set()
         for gpu in sorted(set(status.lost_gpus) - before):
             log.warning("gpu_lost", node=self.node, gpu=gpu, error="NVML_ERROR_GPU_IS_LOST")
@@ -150,6 +156,20 @@ class Agent:
         self.metrics.reconcile_seconds.labels(self.node).observe(time.monotonic() - started)
         self.metrics.observe_status(status)
         self.metrics.ready = True
+
+    async def _warn_failed(self, status: MigNodeStatus) -> None:
+        """A Warning Event on the MigNode for each instance newly not created (refused as
+        overlapping, or refused by NVML): once per failure, not once per pass."""
+        before = set(self.status.failed_instances) if self.status is not None else set()
+        for failed in status.failed_instances:
+            if failed in before:
+                continue
+            reason = "InstanceRefused" if failed.reason == "Overlap" else "InstanceNotCreated"
+            message = f"{failed.profile}@{failed.start} on GPU {failed.gpu}: {failed.message}"
+            try:
+                await self.store.warn(reason, message[:1024])
+            except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+                log.warning("event_failed", node=self.node, error=str(err)[:200])
 
     async def ensure(self) -> MigNodeSpec | None:
         """The MigNode's spec once it exists. Until the API server serves MigNodes (the agent
@@ -193,8 +213,11 @@ class Agent:
                 self.trigger.clear()
                 try:
                     await self.reconcile()
-                    backoff = self.backoff_s
-                    delay = self.resync_s
+                    if self.failing:  # written in the status; tried again with back-off
+                        delay, backoff = backoff, min(backoff * 2, 60.0)
+                    else:
+                        backoff = self.backoff_s
+                        delay = self.resync_s
                 except (NvmlFailure, GpuBusy) as err:
                     self.metrics.nvml_error(getattr(err, "code", None))
                     log.warning("reconcile_failed", node=self.node, error=str(err))

@@ -205,6 +205,14 @@ class GpuStatus(_Model):
         )
 
 
+class FailedInstance(MigInstanceSpec):
+    """A spec instance the agent's last pass did not create (Overlap: refused, NvmlError)."""
+
+    gpu: Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
+    reason: Literal["Overlap", "NvmlError"]
+    message: Annotated[str, StringConstraints(max_length=1024)] = ""
+
+
 class MigNodeSummary(_Model):
     """Counts for `kubectl get mn` (printer columns take JSONPath only, no arithmetic), filled
     by the agent with every status write (`MigNodeStatus.summarized`): `synced` is
@@ -239,6 +247,7 @@ class MigNodeStatus(_Model):
     """GPUs NVML reports lost (GPU_IS_LOST, fallen off the bus), left out of `gpus`: nothing
     is planned or published on them, and they do not hold back `observedPlanId`."""
     conditions: Annotated[list[Condition], _map_list("type")] = []
+    failed_instances: Annotated[list[FailedInstance], Field(max_length=64)] = []
     summary: MigNodeSummary | None = None
     """Counts for the printer columns of `kubectl get mignodes`."""
     kubelet_plugin: KubeletPluginStatus | None = None

@@ -21,20 +21,24 @@ the agent checks as well (docs/destroy-protocol.md, "The fence"). Both sides sha
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
+import aiohttp
 import kopf
 import structlog
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import Condition, GpuPartitionPolicyStatus, MigNode, MigNodeSpec
 from migpart.controller.bodies import strip
 from migpart.controller.scope import ScopeCache
 from migpart.errors import NotLeader
-from migpart.kube.claims import list_claims_quorum
+from migpart.kube.claims import body_key, list_claims_quorum, patch_claim_devices
 from migpart.kube.election import Leadership, Term, Unelected
+from migpart.kube.events import post_event
 from migpart.kube.objects import (
     patch_mignode_conditions,
     patch_mignode_spec,
@@ -43,6 +47,9 @@ from migpart.kube.objects import (
 from migpart.kube.slice_publisher import Published, SlicePublisher
 
 log = structlog.get_logger(__name__)
+
+# Events being posted outside kopf (KubeEffects.event): kept until done
+_POSTING: set[asyncio.Task[None]] = set()
 
 Body = Mapping[str, Any]
 
@@ -97,6 +104,11 @@ class Effects(Protocol):
 
     def event(self, body: Body, type: str, reason: str, message: str) -> None:
         """Post a Kubernetes Event about `body`."""
+        ...
+
+    async def write_claim_devices(self, claim: Body, devices: list[dict[str, Any]]) -> None:
+        """Replace a ResourceClaim's `status.devices` over the claim as read (offer mode's
+        binding conditions, controller/offer_relay.py)."""
         ...
 
 
@@ -206,7 +218,22 @@ class KubeEffects(FencedPort):
 
     def event(self, body: Body, type: str, reason: str, message: str) -> None:
         self._fence("event", str((body.get("metadata") or {}).get("name", "")))
-        kopf.event(as_body(body), type=type, reason=reason, message=message)
+        try:
+            kopf.event(as_body(body), type=type, reason=reason, message=message)
+        except LookupError:  # not in a kopf handler's task (the offer relay): post it here
+            task = asyncio.create_task(self._post(body, type, reason, message))
+            _POSTING.add(task)
+            task.add_done_callback(_POSTING.discard)
+
+    async def _post(self, body: Body, type: str, reason: str, message: str) -> None:
+        try:
+            await post_event(self.api, body, type, reason, message)
+        except (ApiException, aiohttp.ClientError, TimeoutError) as error:
+            log.warning("event_failed", reason=reason, error=str(error)[:200])
+
+    async def write_claim_devices(self, claim: Body, devices: list[dict[str, Any]]) -> None:
+        self._fence("claim status", body_key(claim))
+        await patch_claim_devices(self.api, claim, devices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +276,8 @@ class InMemoryEffects(FencedPort):
     published: list[str] = field(default_factory=list)
     # (node, resourceVersion, conditions) of each condition write
     conditions: list[tuple[str, str, list[Condition]]] = field(default_factory=list)
+    # (claim key, status.devices) of each claim status write
+    claim_devices: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     leadership: Leadership = field(default_factory=Unelected)
     term: Term | None = None
     refused: list[Refused] = field(default_factory=list)
@@ -318,3 +347,7 @@ class InMemoryEffects(FencedPort):
         name = str((body.get("metadata") or {}).get("name", ""))
         self._fence("event", name)
         self.events.append(PostedEvent(name, type, reason, message))
+
+    async def write_claim_devices(self, claim: Body, devices: list[dict[str, Any]]) -> None:
+        self._fence("claim status", body_key(claim))
+        self.claim_devices.append((body_key(claim), devices))

@@ -35,10 +35,11 @@ from migpart.clock import Clock
 from migpart.controller.bodies import parse_policy
 from migpart.controller.effects import KubeEffects
 from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
-from migpart.controller.indexes import state_of, watch_index, watched_indexes
+from migpart.controller.indexes import WATCHED, state_of, watch_index, watched_indexes
 from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
 from migpart.controller.mignodes import MigNodeWatch, watch_mignodes
+from migpart.controller.offer_relay import OfferRelay, RelayingIndex
 from migpart.controller.reconcile import report_invalid
 from migpart.controller.scope import ScopeCache
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
@@ -181,6 +182,10 @@ async def startup(
     mignodes = MigNodeWatch(state, slices_listed)
     slices = SliceWatch(publisher, slices_listed, mignodes.publish)
     watched = watched_indexes(state)
+    state.relay = OfferRelay(state)  # every node: see the module on the offer-mode predicate
+    watched["claims_index"] = RelayingIndex(
+        state.relay, WATCHED["claims_index"].entry, state.wake_all
+    )
     state.watched = {**watched, "mignodes_index": mignodes}
     state.indexes = state.watched
     state.tasks = [
@@ -250,6 +255,8 @@ async def take_over(state: OperatorState) -> None:
             return
         await _publish(state, name)
     await mark_stale(state)
+    if state.relay is not None:
+        state.relay.settle_all()
 
 
 async def _publish(state: OperatorState, name: str) -> None:

@@ -207,3 +207,15 @@ def with_own_writes(cluster: Cluster, written: dict[str, dict[str, Any]]) -> Clu
         else:
             mignodes[name] = body
     return replace(cluster, mignodes=mignodes)
+
+
+def newest_mignode(index: Mapping[str, Any], written: Mapping[str, Body], name: str) -> Body | None:
+    """MigNode `name` as the newest of what the watch shows (`index`, the `mignodes_index`)
+    and what this operator last wrote (`written`), by resourceVersion."""
+    seen = next(iter(index[name]), None) if name in index else None
+    mine = written.get(name)
+    if mine is None:
+        return seen
+    if seen is None:
+        return mine
+    return mine if (_revision(mine) or 0) > (_revision(seen) or 0) else seen

@@ -9,6 +9,7 @@ back as a MigNode event: thousands in a burst at 1,000 nodes. `MigNodeWatch` kee
   MigNode carries `Stale`;
 - writes, while leading, a spec the agent refused (an older leadership's, `decisions.
   refused_spec_repair`) over with what the agent has;
+- tells the offer relay (`controller/offer_relay.py`) that the node changed;
 - publishes the node's ResourceSlice (`SlicePublisher`), in a task of its own: once the
   slice watch has listed (so that the publisher knows every slice and never creates one that
   exists), at most PUBLISH_CONCURRENCY at once. A failed write is logged; the periodic resync
@@ -102,6 +103,8 @@ class MigNodeWatch(Index):
         state.health.mignode(name, status.kubelet_plugin if status else None)
         self.repair(name, view.node)
         self.publish(name)
+        if state.relay is not None:
+            state.relay.node_changed(name)
 
     def repair(self, name: str, node: MigNode) -> None:
         """Replace a spec the agent refused (see `refused_spec_repair`), once per spec."""

@@ -32,7 +32,7 @@ from migpart.controller.allocation import fell_back, resolve_allocation
 from migpart.controller.bodies import uid_of
 from migpart.controller.decisions import node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
-from migpart.controller.indexes import with_own_writes
+from migpart.controller.indexes import newest_mignode, with_own_writes
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
 from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
 from migpart.controller.status import invalid_status, round_status
@@ -264,8 +264,12 @@ class PolicyRound:
         # plan may reconfigure dozens, and one write after the other took seconds)
         writing = asyncio.Semaphore(SPEC_WRITES)
 
+        planned = {node_name(node): node.spec.plan_id if node.spec else None for node, _ in work}
+
         async def write(name: str) -> None:
             async with writing:
+                if self.spec_moved(name, planned[name]):
+                    raise Redo(name)  # the offer relay wrote meanwhile: plan on its spec
                 written = await self.effects.write_spec(name, node_spec(plan_id, per_node[name]))
             self.state.written[name] = written
             self.state.hooks.record(JournalEntry("spec_written", name, detail=plan_id))
@@ -280,6 +284,16 @@ class PolicyRound:
         if kept:
             raise Redo(kept[0])  # plan again: a device got allocated while being withdrawn
         return result, last_plan
+
+    def spec_moved(self, name: str, planned: str | None) -> bool:
+        """Whether MigNode `name`'s spec is no longer the one this round planned on: the offer
+        relay (controller/offer_relay.py) added an allocated placement to it meanwhile, which
+        this round's spec would drop."""
+        index: Mapping[str, Any] = (self.state.watched or {}).get("mignodes_index") or {}
+        body = newest_mignode(index, self.state.written, name)
+        if body is None:
+            return False
+        return (body.get("spec") or {}).get("planId") != planned
 
     def warn_unsatisfiable(self, claims: Iterable[tuple[Body, str]]) -> None:
         """Warning Event once per claim generation (not once per round)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio.client import ApiClient
 
@@ -29,6 +29,9 @@ from migpart.kube.slice_publisher import SlicePublisher
 from migpart.kube.snapshot import SnapshotCache
 from migpart.kube.watch import Index
 from migpart.planning.model import Plan, Request
+
+if TYPE_CHECKING:
+    from migpart.controller.offer_relay import OfferRelay
 
 # How long a quorum-read sighting of an allocation stands in for the claim watch (which
 # normally shows it within a second): after that it is forgotten even if the watch never
@@ -154,6 +157,8 @@ class OperatorState:
     # node -> the resourceVersion our last Stale write went over: while the newest body seen is
     # still that one, it does not show the write yet and cannot tell whether one is needed
     stale_written_over: dict[str, str] = field(default_factory=dict)
+    # offer mode: creates allocated placements and sets the claims' binding conditions
+    relay: OfferRelay | None = None
 
     def leading(self) -> bool:
         """Whether this operator leads now (its writes would be sent)."""

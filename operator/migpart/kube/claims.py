@@ -24,6 +24,8 @@ from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION, DeviceId, allocated_id
 
 Body = Mapping[str, Any]
 
+MERGE_PATCH = "application/merge-patch+json"
+
 
 def claim_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
@@ -141,3 +143,27 @@ async def list_claims_quorum(api: ApiClient) -> list[dict[str, Any]]:
     )
     items: list[dict[str, Any]] = result.get("items") or []
     return items
+
+
+async def patch_claim_devices(
+    api: ApiClient, claim: Body, devices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Replace the claim's `status.devices` (offer mode: the binding conditions of our
+    devices, `controller/relay.py`), only over the claim as it was read (the resourceVersion
+    precondition): another driver may have written its entries meanwhile, and a merge patch
+    replaces the whole list. Raises ApiException 409 then; the next claim event retries."""
+    meta = claim.get("metadata") or {}
+    body = {
+        "metadata": {"resourceVersion": str(meta.get("resourceVersion") or "")},
+        "status": {"devices": devices},
+    }
+    result: dict[str, Any] = await CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        RESOURCE_GROUP,
+        RESOURCE_VERSION,
+        str(meta.get("namespace") or ""),
+        "resourceclaims",
+        str(meta.get("name") or ""),
+        body,
+        _content_type=MERGE_PATCH,  # type: ignore[call-arg]
+    )
+    return result

@@ -5,7 +5,9 @@ wrote a plan for it (`MigNodeSpec.desired`), so that instances still being creat
 there and are not planned twice; instances the status reports in use but the spec dropped are
 added (the agent never destroys them). `used` is true for instances that are Prepared or Busy
 on the node, or that any ResourceClaim's allocation names (the scheduler may allocate before
-the agent prepares).
+the agent prepares). In offer mode an allocation may name a placement that no spec lists yet
+(the relay, `controller/relay.py`, is adding it): it counts as a used instance of its GPU as
+well, where it fits next to the others, so that no plan takes its memory slices meanwhile.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 from migpart.api.models import GpuStatus, MigNode
 from migpart.dra import DeviceId
-from migpart.mig import Instance, ModelTable
+from migpart.mig import Instance, ModelTable, device_name, layout_problems
 from migpart.planning.model import GpuState, InstanceState, NodeState, Snapshot
 
 
@@ -40,8 +42,35 @@ def gpu_state(
 
     keys = set(actual) if desired is None else set(desired)
     keys |= {k for k in actual if used(k)}
+    keys |= allocated_placements(name, gpu, keys, allocated)
     instances = tuple(InstanceState(k.profile, k.start, used(k)) for k in sorted(keys))
     return GpuState(node=name, index=gpu.index, model=gpu.model, instances=instances)
+
+
+def allocated_placements(
+    name: str, gpu: GpuStatus, keys: set[Instance], allocated: frozenset[DeviceId]
+) -> set[Instance]:
+    """The placements of `gpu` that `allocated` names and `keys` lacks, each where it fits
+    next to `keys` and those taken before it (in device order)."""
+    prefix = f"gpu-{gpu.index}-"
+    named = {d.device for d in allocated if d.pool == name and d.device.startswith(prefix)}
+    named -= {device_name(gpu.index, k.profile, k.start) for k in keys}
+    if not named or not gpu.profiles:
+        return set()
+    table = gpu.table()
+    found = sorted(
+        (device, Instance(p.name, start))
+        for p in table.profiles
+        for start in p.placements
+        if (device := device_name(gpu.index, p.name, start)) in named
+    )
+    taken = set(keys)
+    extra: set[Instance] = set()
+    for _, inst in found:
+        if not layout_problems(table, [inst, *sorted(taken)]):
+            taken.add(inst)
+            extra.add(inst)
+    return extra
 
 
 def node_state(

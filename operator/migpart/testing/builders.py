@@ -24,7 +24,7 @@ from migpart.api.models import (
     MigNodeStatus,
     ProfileInfo,
 )
-from migpart.dra import DEVICE_CLASS, DRIVER
+from migpart.dra import DEVICE_CLASS, DRIVER, placement_device_fields
 from migpart.mig import builtin_table
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -141,9 +141,23 @@ class ClaimBuilder(_Meta):
         self._constraints.append(dict(constraint))
         return self
 
-    def allocated(self, pool: str, device: str, request: str = "gpu", driver: str = DRIVER) -> Self:
-        """status.allocation gets this result (pool = node name for our driver)."""
-        self._results.append({"request": request, "driver": driver, "pool": pool, "device": device})
+    def allocated(
+        self,
+        pool: str,
+        device: str,
+        request: str = "gpu",
+        driver: str = DRIVER,
+        *,
+        offered: bool = False,
+    ) -> Self:
+        """status.allocation gets this result (pool = node name for our driver); `offered`:
+        a placement not created yet, whose binding conditions the scheduler copied."""
+        result = {"request": request, "driver": driver, "pool": pool, "device": device}
+        if offered:
+            fields = placement_device_fields()
+            result["bindingConditions"] = fields["bindingConditions"]
+            result["bindingFailureConditions"] = fields["bindingFailureConditions"]
+        self._results.append(result)
         return self
 
     def reserved_for(self, pod: str, uid: str = "") -> Self:

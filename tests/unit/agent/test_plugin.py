@@ -154,9 +154,14 @@ async def test_kubelet_registers_prepares_unprepares_across_restart(short_dir: P
     [
         (None, "uid-9", "claim team/c9 not found"),
         (
+            [AllocatedDevice("gpu", DRIVER, NODE, "gpu-7-7g80gb-0")],
+            "uid-9",
+            "device gpu-7-7g80gb-0 does not exist on node node-a",
+        ),
+        (  # a placement over an instance that exists: refused, nothing destroyed
             [AllocatedDevice("gpu", DRIVER, NODE, "gpu-0-7g80gb-0")],
             "uid-9",
-            "device gpu-0-7g80gb-0 does not exist on node node-a",
+            "device gpu-0-7g80gb-0 not created: would overlap 3g.40gb@0, which exists",
         ),
         (
             [AllocatedDevice("gpu", DRIVER, NODE, "gpu-0-3g40gb-0")],

@@ -1,0 +1,228 @@
+"""Offer mode, the acting half of the relay (the decisions are `controller/relay.py`).
+
+Not a planning round: a claim event that shows an allocation of one of our devices, and every
+MigNode event of a node such a claim holds devices on, make the node *settle* (one task per
+node at a time, an event meanwhile asks for one more pass):
+
+1. the MigNode spec gets the allocated placements that have no instance (`relay.relay`),
+   written through the fenced effects port as a round writes specs (and remembered in
+   `state.written`, so that a round started meanwhile plans on it);
+2. each claim allocated a device on the node that waits for a binding condition gets the
+   verdict the MigNode gives (`relay.verdict`) in its `status.devices`, through the port;
+   a failure is told once more as a Warning Event on the claim.
+
+A round that planned before the relay wrote would drop a placement not created yet with its
+spec: right before each spec write it checks that the node's spec is still the one it planned
+on (`PolicyRound.spec_moved`), and plans again otherwise; from then on the snapshot counts the
+allocated placement as used.
+
+Level-triggered: a pass reads the newest MigNode and claims it has; what is there already is
+not written again, so passes are idempotent, and a write that failed (a 409, the API server
+away) is tried again on the next event of the node or the claim. A standby settles nothing:
+the leader that takes over settles every node with a claim (`settle_all`).
+
+Which nodes are in offer mode is the policy's `spec.allocation` (another module's concern);
+`OfferRelay` takes it as the predicate `offered(node)`. In reactive mode every allocated device
+exists already, so the relay finds nothing to do there either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import structlog
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from migpart.controller.indexes import newest_mignode
+from migpart.controller.relay import Verdict, binding_entries, relay, verdict
+from migpart.dra import INSTANCE_FAILED, allocation_results, as_iso, awaiting_binding, ours
+from migpart.errors import MigpartError
+from migpart.kube.claims import body_key
+from migpart.kube.watch import Index
+
+if TYPE_CHECKING:
+    from migpart.api.models import MigNode
+    from migpart.controller.state import OperatorState
+    from migpart.dra import DeviceId
+
+log = structlog.get_logger(__name__)
+
+Body = Mapping[str, Any]
+
+
+def held_devices(claim: Body) -> dict[str, list[str]]:
+    """Pool (node) -> our device names the claim's allocation holds there."""
+    out: dict[str, list[str]] = {}
+    for result in ours(allocation_results(claim)):
+        if result.pool and result.device:
+            out.setdefault(result.pool, []).append(result.device)
+    return out
+
+
+class OfferRelay:
+    """Which claims hold our devices on which node, and each node's settling task."""
+
+    def __init__(
+        self, state: OperatorState, offered: Callable[[str], bool] = lambda node: True
+    ) -> None:
+        self.state = state
+        self.offered = offered
+        # node -> claim key -> the claim's newest body, for claims holding devices there
+        self.claims: dict[str, dict[str, Body]] = {}
+        self._nodes_of: dict[str, frozenset[str]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+
+    # ------------------------------------------------------------ what the watches tell
+
+    def claim_changed(self, kind: str, claim: Body) -> None:
+        key = body_key(claim)
+        held = {} if kind == "DELETED" else held_devices(claim)
+        before = self._nodes_of.get(key, frozenset())
+        for node in before - held.keys():
+            self.claims.get(node, {}).pop(key, None)
+            if not self.claims.get(node):
+                self.claims.pop(node, None)
+        for node in held:
+            self.claims.setdefault(node, {})[key] = claim
+        self._nodes_of[key] = frozenset(held)
+        if not held:
+            self._nodes_of.pop(key, None)
+        for node in held:
+            self.settle(node)
+
+    def claims_listed(self, claims: list[Body]) -> None:
+        self.claims.clear()
+        self._nodes_of.clear()
+        for claim in claims:
+            self.claim_changed("ADDED", claim)
+
+    def node_changed(self, name: str) -> None:
+        if name in self.claims:
+            self.settle(name)
+
+    def settle_all(self) -> None:
+        for name in list(self.claims):
+            self.settle(name)
+
+    # ------------------------------------------------------------ settling
+
+    def settle(self, name: str) -> None:
+        """Settle node `name` soon: one task per node, an event meanwhile asks for one more."""
+        if name in self._tasks:
+            self._again.add(name)
+            return
+        self._tasks[name] = asyncio.create_task(self._run(name), name=f"relay-{name}")
+
+    async def idle(self) -> None:
+        """Until no node is settling (tests)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def _run(self, name: str) -> None:
+        try:
+            while True:
+                self._again.discard(name)
+                try:
+                    await self.settle_now(name)
+                except (ApiException, aiohttp.ClientError, TimeoutError, MigpartError) as error:
+                    # a 409 (the object changed), the API server away, or no longer leading:
+                    # the next event of the node or a claim tries again
+                    log.info("offer_relay_deferred", node=name, error=str(error)[:300])
+                except Exception:  # a bug must not end the relay of every other node
+                    log.exception("offer_relay_crashed", node=name)
+                if name not in self._again:
+                    return
+        finally:
+            del self._tasks[name]
+
+    def mignode(self, name: str) -> Body | None:
+        """The newest body of MigNode `name`: the watch's, or our own last write if newer."""
+        index: Mapping[str, Any] = (self.state.watched or {}).get("mignodes_index") or {}
+        return newest_mignode(index, self.state.written, name)
+
+    async def settle_now(self, name: str) -> None:
+        """One pass over node `name` (module docstring)."""
+        state = self.state
+        claims = dict(self.claims.get(name, {}))
+        if not claims or not state.leading() or not self.offered(name):
+            return
+        body = self.mignode(name)
+        view = state.scopes.node(name, body) if body is not None else None
+        if view is None:
+            return
+        node = view.node
+        held = sorted((key, d) for key, c in claims.items() for d in held_devices(c).get(name, []))
+        decision = relay(node, held)
+        if decision.spec is not None:
+            written = await state.effects.write_spec(name, decision.spec)
+            state.written[name] = written
+            log.info(
+                "offer_placements_relayed",
+                node=name,
+                devices=list(decision.added),
+                plan_id=decision.spec.plan_id,
+            )
+            state.wake_all()  # the rounds plan on the new spec
+            view = state.scopes.node(name, written)
+            node = view.node if view is not None else node
+        for key, claim in sorted(claims.items()):
+            await self._bind(node, name, claim, decision.conflicts, key)
+
+    async def _bind(
+        self,
+        node: MigNode,
+        name: str,
+        claim: Body,
+        conflicts: Mapping[tuple[str, str], str],
+        key: str,
+    ) -> None:
+        """Write the binding verdicts of the claim's devices on node `name` that wait for one."""
+        verdicts: dict[DeviceId, Verdict] = {}
+        for device in awaiting_binding(claim):
+            if device.pool != name:
+                continue
+            got = verdict(node, device, conflicts.get((key, device.device)))
+            if got is not None:
+                verdicts[device] = got
+        if not verdicts:
+            return
+        devices = binding_entries(claim, verdicts, as_iso(self.state.clock.now()))
+        if devices is None:
+            return
+        await self.state.effects.write_claim_devices(claim, devices)
+        for device, got in verdicts.items():
+            log.info(
+                "binding_condition_set",
+                claim=key,
+                device=device.device,
+                condition=got.type,
+                reason=got.reason,
+            )
+            if got.type == INSTANCE_FAILED:
+                message = f"{device.device} on node {name}: {got.message}"
+                self.state.effects.event(claim, "Warning", got.reason, message[:1000])
+
+
+class RelayingIndex(Index):
+    """The `claims_index`, telling the relay each claim event as well."""
+
+    def __init__(
+        self,
+        relay: OfferRelay,
+        entry: Callable[[Body], Mapping[str, Any] | None],
+        on_change: Callable[[], None],
+    ) -> None:
+        super().__init__(entry, on_change)
+        self.relay = relay
+
+    def listed(self, objects: Sequence[Body]) -> None:
+        super().listed(objects)
+        self.relay.claims_listed(list(objects))
+
+    def changed(self, kind: str, obj: Body) -> None:
+        super().changed(kind, obj)
+        self.relay.claim_changed(kind, obj)

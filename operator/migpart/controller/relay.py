@@ -1,0 +1,273 @@
+"""Offer mode, the pure half of the relay: from "the scheduler allocated a placement that does
+not exist yet" to the spec that creates it and the claim's binding conditions.
+
+In offer mode a node's slice lists, besides its instances, placements not created yet; the
+scheduler allocates one to a claim at once and waits in PreBind for the claim's
+`status.devices` entry to say `INSTANCE_READY` (KEP-5007 binding conditions, `migpart.dra`).
+The operator then, between planning rounds (`controller/offer_relay.py` carries it out):
+
+1. adds each allocated placement without an instance to the node's MigNode spec (`relay`), so
+   that the agent creates it. A placement that overlaps one the spec already wants, or an
+   instance in use, is not added: it is a *conflict* (two claims got overlapping placements
+   from slices that changed under the scheduler); nothing is ever dropped or destroyed for it;
+2. once the agent reports the instance, sets `INSTANCE_READY` on the claim; when the agent
+   reports it failed (`status.failedInstances`), or the placement conflicts, sets
+   `INSTANCE_FAILED` with the reason, and kube-scheduler sends the pod back to scheduling
+   (`binding_entries`).
+
+The spec `relay` writes keeps everything the spec wanted and gets a new planId derived from the
+previous one (`relayed_plan_id`), so that the node counts as reconfiguring until the agent
+created the placement. The planner counts an allocated placement as a used instance
+(`kube.snapshot`), so the next round keeps it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from migpart.api.models import FailedInstance, GpuSpec, MigInstanceSpec, MigNode, MigNodeSpec
+from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY, DeviceId
+from migpart.mig import Instance, ModelTable, device_name, layout_problems
+
+Body = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A device name of the node resolved to its MIG placement."""
+
+    gpu: int
+    instance: Instance
+    table: ModelTable
+
+
+def placements(node: MigNode) -> dict[str, Placement]:
+    """Device name -> placement, for every placement of every MIG-enabled GPU the agent
+    reports (with its profile table)."""
+    out: dict[str, Placement] = {}
+    for gpu in node.status.gpus if node.status else []:
+        if not gpu.mig_enabled or not gpu.profiles:
+            continue
+        table = gpu.table()
+        for profile in table.profiles:
+            for start in profile.placements:
+                name = device_name(gpu.index, profile.name, start)
+                out[name] = Placement(gpu.index, Instance(profile.name, start), table)
+    return out
+
+
+def existing(node: MigNode) -> dict[int, dict[Instance, str]]:
+    """GPU -> instance -> its state, as the agent reports them."""
+    return {
+        g.index: {Instance(i.profile, i.start): i.state for i in g.instances}
+        for g in (node.status.gpus if node.status else [])
+    }
+
+
+@dataclass(frozen=True)
+class RelayDecision:
+    """What `relay` decided for one node."""
+
+    spec: MigNodeSpec | None  # the spec to write; None: nothing to add
+    added: tuple[str, ...] = ()
+    # (claim key, device) -> why the placement cannot be created
+    conflicts: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+
+def relayed_plan_id(previous: str | None, added: Iterable[str]) -> str:
+    """The planId of a spec that adds `added` to the one of plan `previous`: the same
+    inputs give the same id (a relay repeated writes nothing new), and it differs from
+    `previous`, so the node counts as reconfiguring until the agent observes it."""
+    base = (previous or "relay").split("+", 1)[0][:100]
+    digest = hashlib.sha256(f"{previous}|{','.join(sorted(added))}".encode()).hexdigest()
+    return f"{base}+{digest[:12]}"
+
+
+def relay(node: MigNode, held: Sequence[tuple[str, str]]) -> RelayDecision:
+    """The spec adding the placements that `held` names on `node` and that have no instance.
+
+    `held`: (claim key, device name) of our devices that claims' allocations name in the
+    node's pool. A device already in the spec, or that exists, is left as it is
+    (idempotent); one that is not a placement of the node is ignored. Placements are taken
+    in the order: those the spec has, then by claim key; one that does not fit next to what
+    the GPU keeps (what the spec wants, or what exists where the spec does not list the
+    GPU, plus every instance in use) and what was added before it is a conflict.
+    """
+    table = placements(node)
+    actual = existing(node)
+    desired = node.desired()
+    kept: dict[int, set[Instance]] = {}
+    added: dict[int, list[Instance]] = {}
+    names: list[str] = []
+    conflicts: dict[tuple[str, str], str] = {}
+
+    def keeps(gpu: int) -> set[Instance]:
+        if gpu not in kept:
+            now = actual.get(gpu, {})
+            base = set(desired[gpu]) if gpu in desired else set(now)
+            kept[gpu] = base | {i for i, state in now.items() if state != "Free"}
+        return kept[gpu]
+
+    def order(item: tuple[str, str]) -> tuple[bool, str, str]:
+        where = table.get(item[1])
+        wanted = where is not None and where.instance in desired.get(where.gpu, frozenset())
+        return (not wanted, item[0], item[1])
+
+    for key, device in sorted(set(held), key=order):
+        where = table.get(device)
+        if where is None or where.instance in actual.get(where.gpu, {}):
+            continue
+        keep = keeps(where.gpu)
+        if where.instance in keep:
+            continue
+        problems = layout_problems(where.table, [where.instance, *sorted(keep)])
+        if problems:
+            conflicts[(key, device)] = _conflict(where, keep)
+            continue
+        keep.add(where.instance)
+        added.setdefault(where.gpu, []).append(where.instance)
+        names.append(device)
+    if not names:
+        return RelayDecision(None, conflicts=conflicts)
+    return RelayDecision(_spec(node, kept, added, names), tuple(names), conflicts)
+
+
+def _conflict(where: Placement, keep: set[Instance]) -> str:
+    mask = where.table.profile(where.instance.profile).mask(where.instance.start)
+    clash = [
+        f"{i.profile}@{i.start}"
+        for i in sorted(keep)
+        if where.table.has(i.profile) and where.table.profile(i.profile).mask(i.start) & mask
+    ]
+    what = f"{where.instance.profile}@{where.instance.start} on GPU {where.gpu}"
+    if clash:
+        return f"{what} overlaps {', '.join(clash)}, wanted or in use on the node"
+    return f"{what} does not fit next to what the GPU keeps"
+
+
+def _spec(
+    node: MigNode,
+    kept: Mapping[int, set[Instance]],
+    added: Mapping[int, list[Instance]],
+    names: Sequence[str],
+) -> MigNodeSpec:
+    spec = node.spec if node.spec is not None and node.spec.plan_id is not None else None
+    gpus = {g.index: g for g in spec.gpus} if spec is not None else {}
+    for index in added:
+        gpus[index] = GpuSpec(
+            index=index,
+            instances=[
+                MigInstanceSpec(profile=i.profile, start=i.start) for i in sorted(kept[index])
+            ],
+        )
+    return MigNodeSpec(
+        plan_id=relayed_plan_id(spec.plan_id if spec else None, names),
+        gpus=[gpus[i] for i in sorted(gpus)],
+    )
+
+
+# ---------------------------------------------------------------- binding conditions
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A binding condition to set on one device of a claim."""
+
+    type: str
+    reason: str
+    message: str
+
+
+def verdict(node: MigNode | None, device: DeviceId, conflict: str | None = None) -> Verdict | None:
+    """What the claim's entry for `device` must say now: ready once the agent reports the
+    instance with its MIG device, failed when the agent reports it failed or `conflict`
+    says why it cannot be created, None while it is still being created."""
+    if conflict is not None:
+        return Verdict(INSTANCE_FAILED, "PlacementConflict", conflict)
+    if node is None or node.status is None:
+        return None
+    where = placements(node).get(device.device)
+    if where is None:
+        return None
+    for gpu in node.status.gpus:
+        if gpu.index != where.gpu:
+            continue
+        for inst in gpu.instances:
+            if Instance(inst.profile, inst.start) == where.instance and inst.uuid:
+                return Verdict(INSTANCE_READY, "InstanceCreated", f"MIG device {inst.uuid}")
+    failed = _failed(node.status.failed_instances, where)
+    if failed is not None:
+        reason = "InstanceRefused" if failed.reason == "Overlap" else "NvmlError"
+        return Verdict(INSTANCE_FAILED, reason, failed.message or failed.reason)
+    return None
+
+
+def _failed(failures: Iterable[FailedInstance], where: Placement) -> FailedInstance | None:
+    return next(
+        (
+            f
+            for f in failures
+            if f.gpu == where.gpu and Instance(f.profile, f.start) == where.instance
+        ),
+        None,
+    )
+
+
+def device_entry(device: DeviceId, verdict: Verdict, now: str) -> dict[str, Any]:
+    """The claim's `status.devices` entry carrying `verdict` (a metav1.Condition)."""
+    return {
+        "driver": DRIVER,
+        "pool": device.pool,
+        "device": device.device,
+        "conditions": [
+            {
+                "type": verdict.type,
+                "status": "True",
+                "reason": verdict.reason,
+                "message": verdict.message[:1024],
+                "lastTransitionTime": now,
+            }
+        ],
+    }
+
+
+def entries_of(claim: Body) -> dict[DeviceId, dict[str, Any]]:
+    """Our entries in the claim's `status.devices`, by device."""
+    return {
+        DeviceId(str(e.get("pool") or ""), str(e.get("device") or "")): e
+        for e in (claim.get("status") or {}).get("devices") or []
+        if e.get("driver") == DRIVER and not e.get("shareID")
+    }
+
+
+def says(entry: Mapping[str, Any] | None, verdict: Verdict) -> bool:
+    """Whether `entry` carries `verdict`'s condition as True already."""
+    return any(
+        c.get("type") == verdict.type and c.get("status") == "True"
+        for c in (entry or {}).get("conditions") or []
+    )
+
+
+def binding_entries(
+    claim: Body, verdicts: Mapping[DeviceId, Verdict], now: str
+) -> list[dict[str, Any]] | None:
+    """The claim's whole `status.devices` list with `verdicts` set, or None when every
+    verdict is there already. Entries of other drivers and our other devices are kept as
+    they are (a merge patch replaces the list)."""
+    ours = entries_of(claim)
+    todo = {d: v for d, v in verdicts.items() if not says(ours.get(d), v)}
+    if not todo:
+        return None
+    out = [
+        e
+        for e in (claim.get("status") or {}).get("devices") or []
+        if not (
+            e.get("driver") == DRIVER
+            and DeviceId(str(e.get("pool") or ""), str(e.get("device") or "")) in todo
+        )
+    ]
+    out.extend(device_entry(d, v, now) for d, v in sorted(todo.items()))
+    return out

@@ -1,0 +1,50 @@
+"""Events the operator posts outside kopf's handlers.
+
+kopf posts an Event (`kopf.event`) only from the task of one of its handlers, where its
+posting queue is known. The offer relay (`controller/offer_relay.py`) runs from the claim
+watch, which kopf does not drive: its Events are posted here, one create each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+
+from migpart.dra import now_iso
+
+
+def event_body(obj: Mapping[str, Any], type: str, reason: str, message: str) -> dict[str, Any]:
+    """A core/v1 Event about `obj` (a cluster-scoped one's Event goes to `default`)."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    namespace = str(meta.get("namespace") or "default")
+    now = now_iso()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name}.", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": str(obj.get("apiVersion") or ""),
+            "kind": str(obj.get("kind") or ""),
+            "name": name,
+            "namespace": str(meta.get("namespace") or ""),
+            "uid": str(meta.get("uid") or ""),
+        },
+        "type": type,
+        "reason": reason,
+        "message": message[:1000],
+        "source": {"component": "migpart"},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+async def post_event(
+    api: ApiClient, obj: Mapping[str, Any], type: str, reason: str, message: str
+) -> None:
+    body = event_body(obj, type, reason, message)
+    core: Any = CoreV1Api(api)  # the stubs want a CoreV1Event; the client takes a plain body
+    await core.create_namespaced_event(body["metadata"]["namespace"], body)

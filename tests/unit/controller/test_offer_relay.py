@@ -1,0 +1,301 @@
+"""Offer mode's relay: a claim allocated a placement not created yet gets it added to the
+node's spec at once, then the binding condition the agent's report calls for. Each test tries
+to make it do more than that: overlapping allocations, an NVML error, a standby or a deposed
+leader, a placement already in the spec, the next planning round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from migpart.api.models import (
+    FailedInstance,
+    GpuSpec,
+    MigInstanceSpec,
+    MigNodeSpec,
+    MigNodeStatus,
+)
+from migpart.clock import ManualClock
+from migpart.controller.effects import InMemoryEffects, Refused
+from migpart.controller.indexes import object_entry
+from migpart.controller.offer_relay import OfferRelay
+from migpart.controller.state import OperatorState
+from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY, as_iso
+from migpart.kube.election import Term, Unelected
+from migpart.kube.watch import Index
+from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, profile_is
+from tests.unit.controller.factories import offline_state
+from tests.unit.controller.test_round import run, world
+from tests.unit.kube.factories import gpu
+
+Body = dict[str, Any]
+
+
+def node_body(
+    revision: int,
+    spec: MigNodeSpec | None = None,
+    *instances: tuple[str, int, str],
+    failed: list[FailedInstance] | None = None,
+    gpus: int = 2,
+) -> Body:
+    """MigNode `a` at `revision`: H100s, `instances` on GPU 0 (profile, start, state); the
+    agent carried out `spec` (the node is not reconfiguring)."""
+    status = {
+        "gpus": [gpu(0, *instances), *(gpu(i) for i in range(1, gpus))],
+        "failedInstances": failed or [],
+        "observedPlanId": spec.plan_id if spec is not None else None,
+    }
+    body = MigNodeBuilder("a").revision(revision).status(_status(status))
+    if spec is not None:
+        body = body.spec(spec)
+    return body.obj()
+
+
+def _status(status: dict[str, Any]) -> dict[str, Any]:
+    return MigNodeStatus.model_validate(status).model_dump(
+        by_alias=True, exclude_none=True, mode="json"
+    )
+
+
+def offered(name: str, device: str, revision: int = 2) -> Body:
+    body = ClaimBuilder(name, "ns").uid(f"uid-{name}").revision(revision)
+    return body.request(profile_is("3g.40gb")).allocated("a", device, offered=True).obj()
+
+
+class Cluster:
+    """An operator state on the in-memory port, its MigNode index and the relay."""
+
+    def __init__(self, mignode: Body, effects: InMemoryEffects | None = None) -> None:
+        self.effects = effects or InMemoryEffects(mignodes={"a": mignode})
+        self.state: OperatorState = offline_state(self.effects)
+        self.index = Index(object_entry)
+        self.index.listed([mignode])
+        self.state.watched = {"mignodes_index": self.index}
+        self.relay = OfferRelay(self.state)
+        self.state.relay = self.relay
+
+    async def claim(self, *claims: Body) -> None:
+        for c in claims:
+            self.relay.claim_changed("MODIFIED", c)
+        await self.relay.idle()
+
+    async def agent(self, body: Body) -> None:
+        """The agent reports (a MigNode event)."""
+        self.index.changed("MODIFIED", body)
+        self.relay.node_changed("a")
+        await self.relay.idle()
+
+    def wanted(self) -> list[tuple[str, int]]:
+        spec = self.effects.specs[-1][1]
+        return sorted((i.profile, i.start) for g in spec.gpus if g.index == 0 for i in g.instances)
+
+
+def spec_p1(*instances: tuple[str, int]) -> MigNodeSpec:
+    """Plan p1: GPU 0 wants `instances`; GPU 1 is not listed."""
+    wanted = [MigInstanceSpec(profile=p, start=s) for p, s in instances]
+    return MigNodeSpec(plan_id="p1", gpus=[GpuSpec(index=0, instances=wanted)])
+
+
+async def test_a_placement_is_added_to_the_spec_then_marked_ready() -> None:
+    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free")))
+    claim = offered("c1", "gpu-0-3g40gb-4")
+    await world_.claim(claim)
+    assert world_.wanted() == [("3g.40gb", 0), ("3g.40gb", 4)]
+    [(_, spec)] = world_.effects.specs
+    assert str(spec.plan_id).startswith("p1+")
+    assert world_.effects.claim_devices == []  # not created yet: no verdict
+    # the same claim again, and the node as written: nothing more
+    await world_.claim(claim)
+    await world_.agent(world_.effects.mignodes["a"])
+    assert len(world_.effects.specs) == 1
+    # the agent created it
+    clock = world_.state.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(7)
+    done = node_body(2000, spec, ("3g.40gb", 0, "Free"), ("3g.40gb", 4, "Free"))
+    await world_.agent(done)
+    [(key, devices)] = world_.effects.claim_devices
+    assert key == "ns/c1"
+    assert devices == [
+        {
+            "driver": DRIVER,
+            "pool": "a",
+            "device": "gpu-0-3g40gb-4",
+            "conditions": [
+                {
+                    "type": INSTANCE_READY,
+                    "status": "True",
+                    "reason": "InstanceCreated",
+                    "message": "MIG device MIG-0-3g.40gb-4",
+                    "lastTransitionTime": as_iso(clock.now()),
+                }
+            ],
+        }
+    ]
+    # the claim shows it: written once
+    claim["status"]["devices"] = devices
+    await world_.claim(claim)
+    assert len(world_.effects.claim_devices) == 1
+    assert world_.effects.events == []
+
+
+async def test_a_placement_already_in_the_spec_writes_no_spec() -> None:
+    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0), ("3g.40gb", 4)), ("3g.40gb", 0, "Free")))
+    await world_.claim(offered("c1", "gpu-0-3g40gb-4"))
+    assert world_.effects.specs == []
+    assert world_.effects.claim_devices == []
+
+
+async def test_two_claims_on_overlapping_placements_one_is_created_the_other_fails() -> None:
+    world_ = Cluster(node_body(5, None))
+    first, second = offered("c1", "gpu-0-4g40gb-0"), offered("c2", "gpu-0-7g80gb-0")
+    await world_.claim(second, first)
+    assert world_.wanted() == [("4g.40gb", 0)]
+    [(key, devices)] = world_.effects.claim_devices
+    assert key == "ns/c2"
+    [condition] = devices[0]["conditions"]
+    assert (condition["type"], condition["reason"]) == (INSTANCE_FAILED, "PlacementConflict")
+    assert "7g.80gb@0 on GPU 0 overlaps 4g.40gb@0" in condition["message"]
+    [event] = world_.effects.events
+    assert (event.object, event.type, event.reason) == ("c2", "Warning", "PlacementConflict")
+    # the spec is written again by the next event: the first keeps its place, the second
+    # never gets in, and nothing else is written
+    await world_.agent(world_.effects.mignodes["a"])
+    assert len(world_.effects.specs) == 1
+    assert world_.wanted() == [("4g.40gb", 0)]
+
+
+async def test_a_placement_over_an_instance_in_use_is_a_conflict_and_nothing_moves() -> None:
+    # the spec (p1) dropped 3g.40gb@4, but it is prepared for a claim: it stays
+    world_ = Cluster(node_body(5, spec_p1(), ("3g.40gb", 4, "Prepared")))
+    await world_.claim(offered("c1", "gpu-0-7g80gb-0"))
+    assert world_.effects.specs == []
+    [(_, devices)] = world_.effects.claim_devices
+    assert devices[0]["conditions"][0]["type"] == INSTANCE_FAILED
+
+
+async def test_a_gpu_the_spec_does_not_list_keeps_every_instance_it_has() -> None:
+    """No planId: the spec wants nothing. The relayed spec must list what GPU 0 has, or the
+    agent would destroy the free instance; GPU 1 stays unlisted (left alone)."""
+    world_ = Cluster(node_body(5, None, ("3g.40gb", 0, "Free"), ("1g.10gb", 6, "Free")))
+    await world_.claim(offered("c1", "gpu-0-2g20gb-4"))
+    assert world_.wanted() == [("1g.10gb", 6), ("2g.20gb", 4), ("3g.40gb", 0)]
+    assert [g.index for g in world_.effects.specs[0][1].gpus] == [0]
+
+
+async def test_an_nvml_error_fails_the_claim_and_touches_nothing_else() -> None:
+    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free")))
+    claim = offered("c1", "gpu-0-3g40gb-4")
+    other = {"driver": "nic.example.com", "pool": "a", "device": "eth0", "conditions": []}
+    claim["status"]["devices"] = [other]
+    await world_.claim(claim)
+    [(_, spec)] = world_.effects.specs
+    nvml = "create 3g.40gb@4 on GPU 0: NVML_ERROR_UNKNOWN (Unknown Error)"
+    failure = FailedInstance(gpu=0, profile="3g.40gb", start=4, reason="NvmlError", message=nvml)
+    await world_.agent(node_body(2000, spec, ("3g.40gb", 0, "Free"), failed=[failure]))
+    [(_, devices)] = world_.effects.claim_devices
+    assert devices[0] == other  # another driver's entry is kept as it was
+    [condition] = devices[1]["conditions"]
+    assert (condition["type"], condition["reason"], condition["message"]) == (
+        INSTANCE_FAILED,
+        "NvmlError",
+        nvml,
+    )
+    assert [e.reason for e in world_.effects.events] == ["NvmlError"]
+    assert len(world_.effects.specs) == 1  # no spec written for it
+
+
+DEPOSED_TERM = Term(3, "me")
+
+
+@dataclass
+class Deposed:
+    """Leads when asked first, then no longer (the Lease lost mid-pass)."""
+
+    asked: int = 0
+    term: Term = DEPOSED_TERM
+
+    def holds(self, term: Term | None) -> bool:
+        self.asked += 1
+        return self.asked == 1
+
+    def current(self) -> Term | None:
+        return self.term
+
+
+async def test_a_standby_writes_nothing() -> None:
+    effects = InMemoryEffects(mignodes={"a": node_body(5, None)}, leadership=Deposed(asked=1))
+    world_ = Cluster(node_body(5, None), effects.under(None))
+    await world_.claim(offered("c1", "gpu-0-3g40gb-4"))
+    assert (effects.specs, effects.claim_devices, effects.refused) == ([], [], [])
+
+
+async def test_a_leader_deposed_mid_pass_is_fenced() -> None:
+    leadership = Deposed()
+    effects = InMemoryEffects(mignodes={"a": node_body(5, None)}, leadership=leadership)
+    world_ = Cluster(node_body(5, None), effects.under(leadership.term))
+    await world_.claim(offered("c1", "gpu-0-3g40gb-4"))
+    assert effects.specs == []
+    assert effects.refused == [Refused("spec", "a")]
+
+
+def whole_gpu(name: str) -> Body:
+    """A pending claim for 7g.80gb: it fits on GPU 0 only where the placement is."""
+    body = ClaimBuilder(name, "ns").uid(f"uid-{name}").revision(1)
+    return body.request(profile_is("7g.80gb")).obj()
+
+
+async def test_the_round_after_the_relay_keeps_the_placement() -> None:
+    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free"), gpus=1))
+    claim = offered("c1", "gpu-0-3g40gb-4")
+    await world_.claim(claim)
+    relayed = world_.effects.mignodes["a"]
+    # the agent created it; the round sees it free and allocated, and a pending claim that
+    # would fit only if it were destroyed
+    spec = world_.effects.specs[-1][1]
+    done = node_body(2000, spec, ("3g.40gb", 0, "Free"), ("3g.40gb", 4, "Free"), gpus=1)
+    assert relayed["spec"]["planId"] == done["spec"]["planId"]
+    await run(world_.state, world({"a": done}, [claim, whole_gpu("c2")]))
+    assert len(world_.effects.specs) == 1  # the round wrote nothing
+    assert world_.state.plans["pa"][1].unsatisfied
+
+
+async def test_the_round_before_the_relay_counts_the_placement_as_used() -> None:
+    """The relay has not written yet: the snapshot counts the allocated placement as a used
+    instance, so the round plans nothing over it (it would destroy the free 3g.40gb@0 and
+    create 7g.80gb@0 otherwise)."""
+    body = node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free"), gpus=1)
+    effects = InMemoryEffects(mignodes={"a": body}, leadership=Unelected())
+    state = offline_state(effects)
+    await run(state, world({"a": body}, [offered("c1", "gpu-0-3g40gb-4"), whole_gpu("c2")]))
+    assert effects.specs == []
+    assert state.plans["pa"][1].unsatisfied
+    # without the allocation the same round does repartition: the test can fail
+    assert isinstance(state.clock, ManualClock)
+    state.clock.advance(60)  # past the pacing of the first plan
+    await run(state, world({"a": body}, [whole_gpu("c2")]))
+    [(_, spec)] = effects.specs
+    assert [(i.profile, i.start) for i in spec.gpus[0].instances] == [("7g.80gb", 0)]
+
+
+async def test_a_round_whose_node_the_relay_wrote_meanwhile_plans_again() -> None:
+    """The round plans 7g.80gb@0 over the free 3g.40gb@0; inside its destroy window a claim
+    is allocated 3g.40gb@4 and the relay writes it into the spec. The round's spec would drop
+    it: the round must plan again instead of writing."""
+    body = node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free"), gpus=1)
+    world_ = Cluster(body)
+    claim = offered("c1", "gpu-0-3g40gb-4")
+    cluster = world({"a": body}, [whole_gpu("c2")])
+
+    async def allocated_meanwhile(node: str, devices: frozenset[str]) -> None:
+        cluster.claims["ns/c1"] = claim  # type: ignore[index]  # the claim watch shows it
+        world_.effects.claims = [claim]
+        await world_.claim(claim)
+
+    world_.state.hooks.after_withdraw = allocated_meanwhile
+    await run(world_.state, cluster)
+    assert world_.effects.withdrawals == [("a", frozenset({"gpu-0-3g40gb-0"}))]
+    for _, spec in world_.effects.specs:
+        wanted = {(i.profile, i.start) for g in spec.gpus for i in g.instances}
+        assert ("3g.40gb", 4) in wanted
+    assert len(world_.effects.specs) == 1  # the relay's; the round wrote none
