@@ -16,8 +16,6 @@ from migpart.api.models import (
     GpuStatus,
     InstanceStateName,
     KubeletPluginStatus,
-    LabelSelector,
-    LabelSelectorRequirement,
     LastPlan,
     MigInstanceSpec,
     MigInstanceStatus,
@@ -33,6 +31,7 @@ from migpart.api.models import (
     UnavailableNode,
     condition_status,
 )
+from migpart.api.selectors import LabelSelector, LabelSelectorRequirement
 
 __all__ = [
     "API_VERSION",

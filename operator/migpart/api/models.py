@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
+from migpart.api.base import _map_list, _Model, _rules, _set_list
+from migpart.api.selectors import LabelSelector
 from migpart.mig import Instance
 from migpart.mig.profiles import PROFILE_NAME_RE, ModelTable, Profile
 from migpart.planning.model import PolicyView, Spare
@@ -48,34 +49,6 @@ ProfileName = Annotated[
 # that the spec-side pattern does not know yet.
 ReportedProfileName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 NonNegative = Annotated[int, Field(ge=0)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        populate_by_name=True,
-        alias_generator=to_camel,
-        use_attribute_docstrings=True,
-    )
-
-
-def _rules(*rules: dict[str, str]) -> dict[str, Any]:
-    """`json_schema_extra` carrying CEL rules for the CRD (see `migpart.api.crdgen`)."""
-    return {"x-kubernetes-validations": list(rules)}
-
-
-def _set_list(max_items: int) -> Any:
-    """A list the API server treats as a set (duplicates rejected, merged by value)."""
-    return Field(max_length=max_items, json_schema_extra={"x-kubernetes-list-type": "set"})
-
-
-def _map_list(key: str, max_items: int | None = None) -> Any:
-    """A list of objects keyed by `key` (duplicates rejected, server-side apply merges by key)."""
-    return Field(
-        max_length=max_items,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [key]},
-    )
 
 
 class Condition(_Model):
@@ -286,67 +259,6 @@ class MigNode(_Model):
 
 PolicyMode = Literal["Active", "DryRun"]
 AllocationMode = Literal["Reactive", "Offer", "Auto"]
-SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
-
-_SELECTOR_VALUES_RULE = {
-    "rule": "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0)"
-    " : (!has(self.values) || size(self.values) == 0)",
-    "message": "values must be non-empty for operators In and NotIn, and empty for Exists and"
-    " DoesNotExist",
-    "fieldPath": ".values",
-    "reason": "FieldValueInvalid",
-}
-
-
-class LabelSelectorRequirement(_Model):
-    """A metav1.LabelSelectorRequirement."""
-
-    model_config = ConfigDict(json_schema_extra=_rules(_SELECTOR_VALUES_RULE))
-
-    key: Annotated[str, StringConstraints(min_length=1, max_length=317)]
-    operator: SelectorOperator
-    values: Annotated[
-        list[Annotated[str, StringConstraints(max_length=63)]], Field(max_length=64)
-    ] = []
-
-    @model_validator(mode="after")
-    def _values_fit_operator(self) -> LabelSelectorRequirement:
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"values must be non-empty for operator {self.operator}")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"values must be empty for operator {self.operator}")
-        return self
-
-
-class LabelSelector(_Model):
-    """A metav1.LabelSelector over Node labels; empty selects every node with a MigNode."""
-
-    match_labels: Annotated[
-        dict[
-            Annotated[str, StringConstraints(max_length=317)],
-            Annotated[str, StringConstraints(max_length=63)],
-        ],
-        Field(max_length=64),
-    ] = {}
-    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] = []
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        """Whether a node with `labels` is selected (metav1 semantics)."""
-        if any(labels.get(k) != v for k, v in self.match_labels.items()):
-            return False
-        for e in self.match_expressions:
-            present = e.key in labels
-            if e.operator == "In" and not (present and labels[e.key] in e.values):
-                return False
-            if e.operator == "NotIn" and present and labels[e.key] in e.values:
-                return False
-            if e.operator == "Exists" and not present:
-                return False
-            if e.operator == "DoesNotExist" and present:
-                return False
-        return True
-
-
 _ALLOW_DENY_RULE = {
     "rule": "!has(self.allow) || !has(self.deny) || !self.allow.exists(p, p in self.deny)",
     "message": "spec.profiles: allow and deny must not name the same profile",

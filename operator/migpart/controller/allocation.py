@@ -14,8 +14,9 @@ from migpart.kube.features import DraFeatures
 
 OFFER_PUBLISHING = False
 """Whether this build publishes offers. Until the offer publisher is wired in, a policy whose
-mode resolves to Offer still gets reactive slices, and its status says so; the integrator
-flips this once offer publishing lands."""
+server serves offers stays Reactive, and its status and the Allocation column say so (never
+"Offer" while the slices are reactive); flipped once offer publishing lands. The offer relay
+(`migpart.controller.offer_relay`) runs only for policies whose mode in effect is Offer."""
 NOT_PUBLISHING = "offer publishing not enabled in this build: devices are published reactively"
 
 
@@ -28,10 +29,10 @@ def resolve_allocation(requested: AllocationMode, features: DraFeatures) -> Allo
         return AllocationStatus(
             mode="Reactive", reason=f"{prefix}: {features.detail}; falling back to Reactive"
         )
-    reason = f"{requested}: Offer served"
     if not OFFER_PUBLISHING:
-        reason = f"{reason}; {NOT_PUBLISHING}"
-    return AllocationStatus(mode="Offer", reason=reason)
+        reason = f"{requested}: Offer served; {NOT_PUBLISHING}"
+        return AllocationStatus(mode="Reactive", reason=reason)
+    return AllocationStatus(mode="Offer", reason=f"{requested}: Offer served")
 
 
 def fell_back(requested: AllocationMode, resolved: AllocationStatus) -> bool:

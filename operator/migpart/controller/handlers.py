@@ -32,6 +32,7 @@ from migpart.api.models import (
     UnavailableReason,
 )
 from migpart.clock import Clock
+from migpart.controller import allocation
 from migpart.controller.bodies import parse_policy
 from migpart.controller.effects import KubeEffects
 from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
@@ -182,7 +183,9 @@ async def startup(
     mignodes = MigNodeWatch(state, slices_listed)
     slices = SliceWatch(publisher, slices_listed, mignodes.publish)
     watched = watched_indexes(state)
-    state.relay = OfferRelay(state)  # every node: see the module on the offer-mode predicate
+    # Off until this build publishes offers (`allocation.OFFER_PUBLISHING`); the wiring makes
+    # the predicate "the node's policy is in Offer mode".
+    state.relay = OfferRelay(state, offered=lambda _node: allocation.OFFER_PUBLISHING)
     watched["claims_index"] = RelayingIndex(
         state.relay, WATCHED["claims_index"].entry, state.wake_all
     )

@@ -25,6 +25,8 @@ PARTITIONABLE_ONLY = DraFeatures(
 )
 NONE = DraFeatures(False, False, "not served: partitionable devices, binding conditions")
 UNKNOWN = DraFeatures.unknown("could not ask the API server: HTTP 503 Service Unavailable")
+# the mode a served Offer or Auto gets: Reactive until this build publishes offers
+OFFERED = "Offer" if allocation_module.OFFER_PUBLISHING else "Reactive"
 
 
 @pytest.mark.parametrize(
@@ -32,11 +34,11 @@ UNKNOWN = DraFeatures.unknown("could not ask the API server: HTTP 503 Service Un
     [
         ("Reactive", SERVED, "Reactive"),
         ("Reactive", NONE, "Reactive"),
-        ("Auto", SERVED, "Offer"),
+        ("Auto", SERVED, OFFERED),
         ("Auto", PARTITIONABLE_ONLY, "Reactive"),
         ("Auto", NONE, "Reactive"),
         ("Auto", UNKNOWN, "Reactive"),
-        ("Offer", SERVED, "Offer"),
+        ("Offer", SERVED, OFFERED),
         ("Offer", PARTITIONABLE_ONLY, "Reactive"),
         ("Offer", NONE, "Reactive"),
         ("Offer", UNKNOWN, "Reactive"),
@@ -58,12 +60,15 @@ def test_a_fallback_says_what_the_server_does_not_serve() -> None:
 
 def test_offer_says_that_this_build_still_publishes_reactively() -> None:
     assert not allocation_module.OFFER_PUBLISHING
-    assert resolve_allocation("Auto", SERVED).reason == f"Auto: Offer served; {NOT_PUBLISHING}"
+    resolved = resolve_allocation("Auto", SERVED)
+    assert resolved.reason == f"Auto: Offer served; {NOT_PUBLISHING}"
+    assert resolved.mode == "Reactive"  # the column never says Offer over reactive slices
 
 
 def test_once_offer_publishing_is_enabled_offer_is_offer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(allocation_module, "OFFER_PUBLISHING", True)
-    assert resolve_allocation("Offer", SERVED).reason == "Offer: Offer served"
+    resolved = resolve_allocation("Offer", SERVED)
+    assert (resolved.mode, resolved.reason) == ("Offer", "Offer: Offer served")
 
 
 def world(generation: int = 1, **spec: Any) -> Cluster:
@@ -85,7 +90,7 @@ async def run_round(effects: InMemoryEffects, features: DraFeatures, cluster: Cl
     await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
 
 
-@pytest.mark.parametrize(("features", "mode"), [(SERVED, "Offer"), (NONE, "Reactive")])
+@pytest.mark.parametrize(("features", "mode"), [(SERVED, OFFERED), (NONE, "Reactive")])
 async def test_a_round_reports_the_mode_in_effect(features: DraFeatures, mode: str) -> None:
     effects = InMemoryEffects()
     await run_round(effects, features, world())
