@@ -136,11 +136,13 @@ def _gpu_offer(
                 key = (beside, -taken.compute, gpu.index, lost, start)
                 out.append((key, Offered(gpu.index, inst, beside)))
                 continue
+            inst = Instance(prof.name, start)
+            if inst in free:
+                continue  # offered as it is
             displaced = _displaced(table, prof, start, used_mask, used, free, kept)
             if displaced is None:
                 continue
             rest = [i for i in free if i not in displaced]
-            inst = Instance(prof.name, start)
             lost = free_capacity(table, frozenset([*used, *rest])) - free_capacity(
                 table, frozenset([*used, *rest, inst])
             )
