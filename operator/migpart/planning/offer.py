@@ -14,10 +14,11 @@ The order, each step before the next:
    busiest GPU first, so that emptier GPUs keep draining.
 2. `BESIDE_USED`: new placements in free space on GPUs with an instance in use.
 3. `EMPTY`: new placements in free space on GPUs with none in use.
-4. `DISPLACING`: new placements that need free instances destroyed first (the reactive
-   planner's repartitioning of free space, taken only when nothing above fits), fewest
-   compute slices destroyed first. The device's counters overlap those of the instances it
-   displaces, so the scheduler never gives both.
+4. `DISPLACING`: new placements that need free instances destroyed first, fewest compute
+   slices destroyed first; only of the profiles in `waiting` when the caller passes it (the
+   profiles of requests that wait: the reactive planner, too, repartitions free instances
+   for a request, never for nothing). The device's counters overlap those of the instances
+   it displaces, so the scheduler never gives both.
 
 Within steps 2 to 4, GPUs go busiest first (best fit), and on a GPU the placement that loses
 the least of its free capacity (`migpart.planning.cost.free_capacity`) first: small profiles
@@ -31,7 +32,7 @@ multi-GPU request (`Holdback.whole`) anything but a whole-GPU device, free or ne
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -78,18 +79,24 @@ class Offered:
 
 
 def offer(
-    gpus: Sequence[OfferGpu], policy: PolicyView, holdback: Holdback | None = None
+    gpus: Sequence[OfferGpu],
+    policy: PolicyView,
+    holdback: Holdback | None = None,
+    waiting: Container[str] | None = None,
 ) -> tuple[Offered, ...]:
-    """The node's offer, in the order the scheduler should take it (module docstring)."""
+    """The node's offer, in the order the scheduler should take it (module docstring).
+    `waiting`: the profiles that displacing placements may have (None: every one)."""
     held = holdback or Holdback()
     ranked: list[tuple[tuple[int, ...], Offered]] = []
     for gpu in gpus:
-        ranked.extend(_gpu_offer(gpu, policy, held))
+        ranked.extend(_gpu_offer(gpu, policy, held, waiting))
     ranked.sort(key=lambda r: r[0])
     return tuple(o for _, o in ranked)
 
 
-def node_spares(gpus: Sequence[OfferGpu], spares: Iterable[Spare]) -> frozenset[tuple[int, Instance]]:
+def node_spares(
+    gpus: Sequence[OfferGpu], spares: Iterable[Spare]
+) -> frozenset[tuple[int, Instance]]:
     """The free instances of this node kept as `spares` (profile and count for the node): the
     first ones by GPU and placement."""
     kept: set[tuple[int, Instance]] = set()
@@ -105,7 +112,7 @@ def node_spares(gpus: Sequence[OfferGpu], spares: Iterable[Spare]) -> frozenset[
 
 
 def _gpu_offer(
-    gpu: OfferGpu, policy: PolicyView, held: Holdback
+    gpu: OfferGpu, policy: PolicyView, held: Holdback, waiting: Container[str] | None
 ) -> list[tuple[tuple[int, ...], Offered]]:
     table = gpu.table
     whole_only = gpu.index in held.whole
@@ -120,7 +127,12 @@ def _gpu_offer(
     for inst in free:
         if whole_only and table.profile(inst.profile).compute_slices < largest:
             continue
-        out.append(((Step.FREE, -taken.compute, gpu.index, inst.start), Offered(gpu.index, inst, Step.FREE)))
+        out.append(
+            (
+                (Step.FREE, -taken.compute, gpu.index, inst.start),
+                Offered(gpu.index, inst, Step.FREE),
+            )
+        )
     beside = Step.BESIDE_USED if used else Step.EMPTY
     before = free_capacity(table, frozenset([*used, *free]))
     for prof in table.profiles:
@@ -137,8 +149,8 @@ def _gpu_offer(
                 out.append((key, Offered(gpu.index, inst, beside)))
                 continue
             inst = Instance(prof.name, start)
-            if inst in free:
-                continue  # offered as it is
+            if inst in free or (waiting is not None and prof.name not in waiting):
+                continue  # offered as it is, or not asked for
             displaced = _displaced(table, prof, start, used_mask, used, free, kept)
             if displaced is None:
                 continue

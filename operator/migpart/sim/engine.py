@@ -120,6 +120,11 @@ class Engine:
         self.bound[pod.name] = list(devices)
         self._start_if_ready(pod.name)
 
+    def capacity_changed(self) -> None:
+        """Have the scheduler's next pass try every pending pod (what a policy offers changed
+        without an instance being freed)."""
+        self._changed = True
+
     def add_planner_cpu(self, seconds: float) -> None:
         self.planner_cpu_s += seconds
 

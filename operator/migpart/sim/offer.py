@@ -39,16 +39,42 @@ _Key = tuple[tuple[int, Instance, bool], ...]
 class Offer:
     policy: PolicyView = field(default_factory=PolicyView)
     actuation_s: float = 5.0
+    batch_window_s: float = 2.0
+    displace_waiting_only: bool = True
     name: str = "offer"
-    # node -> (instant computed, its instances then, the offer)
-    _offers: dict[int, tuple[float, _Key, _NodeOffer]] = field(default_factory=dict)
+    # node -> (instant computed, its instances then, the profiles waiting then, the offer)
+    _offers: dict[int, tuple[float, _Key, frozenset[str] | None, _NodeOffer]] = field(
+        default_factory=dict
+    )
+    _waiting: tuple[float, frozenset[str] | None] = (-1.0, None)
+    _resteer_due: bool = False
 
     def setup(self, engine: Engine) -> None:
         engine.allocate = lambda pod: self._allocate(engine, pod)
 
     def unplaced(self, engine: Engine, pods: Sequence[SimPod]) -> None:
-        # Nothing offered holds them now; the next departure changes the offers.
-        return None
+        # The operator sees them wait and, a batch window later, offers placements that
+        # displace free instances for their profiles.
+        if self.displace_waiting_only and not self._resteer_due:
+            self._resteer_due = True
+            engine.at(engine.now + self.batch_window_s, lambda: self._resteer(engine))
+
+    def _resteer(self, engine: Engine) -> None:
+        self._resteer_due = False
+        engine.capacity_changed()
+
+    def _waiting_profiles(self, engine: Engine) -> frozenset[str] | None:
+        """The profiles of the pods that have waited a batch window (None: every profile)."""
+        if not self.displace_waiting_only:
+            return None
+        at, waiting = self._waiting
+        if at != engine.now:
+            seen = engine.now - self.batch_window_s
+            waiting = frozenset(
+                p for pod in engine.pending.values() if pod.arrival_s <= seen for p in pod.profiles
+            )
+            self._waiting = (engine.now, waiting)
+        return waiting
 
     def released(self, engine: Engine, pod: SimPod, devices: Sequence[Device]) -> None:
         # Freed instances stay: offered first, destroyed when a placement needs their space.
@@ -67,15 +93,16 @@ class Offer:
     def _offer(self, engine: Engine, node: int) -> _NodeOffer:
         cached = self._offers.get(node)
         if cached is not None and cached[0] == engine.now:
-            return cached[2]
+            return cached[3]
         key = _state(engine.cluster, node)
-        if cached is not None and cached[1] == key:
-            self._offers[node] = (engine.now, key, cached[2])
-            return cached[2]
+        waiting = self._waiting_profiles(engine)
+        if cached is not None and cached[1:3] == (key, waiting):
+            self._offers[node] = (engine.now, key, waiting, cached[3])
+            return cached[3]
         by_profile: _NodeOffer = {}
-        for o in offer(_gpus(engine.cluster, node), self.policy):
+        for o in offer(_gpus(engine.cluster, node), self.policy, waiting=waiting):
             by_profile.setdefault(o.instance.profile, []).append(o)
-        self._offers[node] = (engine.now, key, by_profile)
+        self._offers[node] = (engine.now, key, waiting, by_profile)
         return by_profile
 
     def _take(self, engine: Engine, node: int, chosen: Sequence[Offered]) -> list[Device]:

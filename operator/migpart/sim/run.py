@@ -146,7 +146,11 @@ def make_policy(
             hold_s=config.hold_s,
         ), pods
     if name == "offer":
-        return Offer(policy=config.planner_policy, actuation_s=config.actuation_s), pods
+        return Offer(
+            policy=config.planner_policy,
+            actuation_s=config.actuation_s,
+            batch_window_s=config.batch_window_s,
+        ), pods
     if name in config.static:
         return Static(name, config.static[name]), pods
     known = ", ".join([*BUILTIN, *config.static])

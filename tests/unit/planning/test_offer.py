@@ -65,6 +65,16 @@ def test_free_space_taken_by_free_instances_is_offered_last_displacing_them() ->
     assert first(offered, "3g.40gb") == Offered(0, Instance("3g.40gb", 4), Step.EMPTY)
 
 
+def test_displacing_placements_only_of_the_profiles_that_wait() -> None:
+    gpus = [OfferGpu(0, H100, (free("1g.10gb", 0),))]
+    offered = offer(gpus, EVERY, waiting={"7g.80gb"})
+    displacing = [o for o in offered if o.step == Step.DISPLACING]
+    assert displacing == [
+        Offered(0, Instance("7g.80gb", 0), Step.DISPLACING, (Instance("1g.10gb", 0),))
+    ]
+    assert not [o for o in offer(gpus, EVERY, waiting=()) if o.step == Step.DISPLACING]
+
+
 def test_instances_in_use_and_spares_are_never_displaced() -> None:
     gpus = [OfferGpu(0, H100, (used("1g.10gb", 0), free("3g.40gb", 4)))]
     spares = node_spares(gpus, [Spare("3g.40gb", 1)])
