@@ -54,8 +54,12 @@ class Offer:
 
     def unplaced(self, engine: Engine, pods: Sequence[SimPod]) -> None:
         # The operator sees them wait and, a batch window later, offers placements that
-        # displace free instances for their profiles.
-        if self.displace_waiting_only and not self._resteer_due:
+        # displace free instances for their profiles; a pod whose profiles are offered so
+        # already waits for a departure.
+        if not self.displace_waiting_only or self._resteer_due:
+            return
+        waiting = self._waiting_profiles(engine) or frozenset()
+        if any(not waiting.issuperset(pod.profiles) for pod in pods):
             self._resteer_due = True
             engine.at(engine.now + self.batch_window_s, lambda: self._resteer(engine))
 
