@@ -145,8 +145,12 @@ def _gpu_offer(
                     continue
                 inst = Instance(prof.name, start)
                 lost = before - free_capacity(table, frozenset([*used, *free, inst]))
-                key = (beside, -taken.compute, gpu.index, lost, start)
-                out.append((key, Offered(gpu.index, inst, beside)))
+                out.append(
+                    (
+                        (beside, -taken.compute, gpu.index, lost, start),
+                        Offered(gpu.index, inst, beside),
+                    )
+                )
                 continue
             inst = Instance(prof.name, start)
             if inst in free or (waiting is not None and prof.name not in waiting):
@@ -159,8 +163,12 @@ def _gpu_offer(
                 table, frozenset([*used, *rest, inst])
             )
             gone = sum(table.profile(i.profile).compute_slices for i in displaced)
-            key = (Step.DISPLACING, gone, -busy, gpu.index, lost, start)
-            out.append((key, Offered(gpu.index, inst, Step.DISPLACING, displaced)))
+            out.append(
+                (
+                    (Step.DISPLACING, gone, -busy, gpu.index, lost, start),
+                    Offered(gpu.index, inst, Step.DISPLACING, displaced),
+                )
+            )
     return out
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from migpart.mig import Instance, Occupancy
 from migpart.planning.model import InstanceState, PolicyView
-from migpart.planning.offer import OfferGpu, Offered, Step, offer
+from migpart.planning.offer import Offered, OfferGpu, Step, offer
 from migpart.sim.cluster import Device, SimCluster
 from migpart.sim.engine import Engine
 from migpart.sim.workload import SimPod

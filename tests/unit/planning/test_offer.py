@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from migpart.mig import CATALOG, Instance, layout_problems
 from migpart.planning.model import InstanceState, PolicyView, Spare
-from migpart.planning.offer import Holdback, OfferGpu, Offered, Step, node_spares, offer
+from migpart.planning.offer import Holdback, Offered, OfferGpu, Step, node_spares, offer
 from tests.unit.planning.strategies import MODELS, layouts
 
 H100 = CATALOG["NVIDIA H100 80GB HBM3"]
