@@ -24,8 +24,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from migpart.mig import Instance, Occupancy
-from migpart.planning.model import InstanceState, PolicyView
-from migpart.planning.offer import Offered, OfferGpu, Step, offer
+from migpart.planning.model import (
+    GpuState,
+    InstanceState,
+    NodeState,
+    PolicyView,
+    Request,
+    Snapshot,
+)
+from migpart.planning.offer import Holdback, Offered, OfferGpu, Step, offer
+from migpart.planning.overtime import held_node
 from migpart.sim.cluster import Device, SimCluster
 from migpart.sim.engine import Engine
 from migpart.sim.workload import SimPod
@@ -41,12 +49,15 @@ class Offer:
     actuation_s: float = 5.0
     batch_window_s: float = 2.0
     displace_waiting_only: bool = True
+    hold_used: float | None = None
+    hold_s: float = 1800.0
     name: str = "offer"
-    # node -> (instant computed, its instances then, the profiles waiting then, the offer)
-    _offers: dict[int, tuple[float, _Key, frozenset[str] | None, _NodeOffer]] = field(
+    # node -> (instant computed, its instances then, the profiles waiting then, held, the offer)
+    _offers: dict[int, tuple[float, _Key, frozenset[str] | None, bool, _NodeOffer]] = field(
         default_factory=dict
     )
     _waiting: tuple[float, frozenset[str] | None] = (-1.0, None)
+    _held: tuple[float, int | None] = (-1.0, None)
     _resteer_due: bool = False
 
     def setup(self, engine: Engine) -> None:
@@ -94,19 +105,49 @@ class Offer:
                     return self._take(engine, node, chosen)
         return None
 
+    def _held_node(self, engine: Engine) -> int | None:
+        """The node held whole for the first multi-GPU pod that has waited a batch window
+        (`planning.overtime.held_node`, as reactive migpart holds one), once per instant."""
+        at, node = self._held
+        if self.hold_used is None or at == engine.now:
+            return node
+        seen = engine.now - self.batch_window_s
+        multi = [p for p in engine.pending.values() if p.count > 1 and p.arrival_s <= seen]
+        held: int | None = None
+        if multi:
+            cluster = engine.cluster
+            hold = held_node(
+                _snapshot(cluster),
+                [Request(p.name, p.profiles, p.count, 0, p.nodes) for p in multi[:1]],
+                self.hold_used,
+                _running(engine),
+                {p.name: engine.now - p.arrival_s for p in multi[:1]},
+                self.hold_s,
+            )
+            held = None if hold is None else cluster.names.index(hold.node)
+        if held != node:
+            engine.capacity_changed()  # a node held or let go changes what is offered
+        self._held = (engine.now, held)
+        return held
+
     def _offer(self, engine: Engine, node: int) -> _NodeOffer:
         cached = self._offers.get(node)
         if cached is not None and cached[0] == engine.now:
-            return cached[3]
+            return cached[4]
         key = _state(engine.cluster, node)
         waiting = self._waiting_profiles(engine)
-        if cached is not None and cached[1:3] == (key, waiting):
-            self._offers[node] = (engine.now, key, waiting, cached[3])
-            return cached[3]
+        held = self._held_node(engine) == node
+        if cached is not None and cached[1:4] == (key, waiting, held):
+            self._offers[node] = (engine.now, key, waiting, held, cached[4])
+            return cached[4]
         by_profile: _NodeOffer = {}
-        for o in offer(_gpus(engine.cluster, node), self.policy, waiting=waiting):
-            by_profile.setdefault(o.instance.profile, []).append(o)
-        self._offers[node] = (engine.now, key, waiting, by_profile)
+        gpus = _gpus(engine.cluster, node)
+        holdback = Holdback(whole=frozenset(g.index for g in gpus)) if held else None
+        # A held node offers nothing while a pod runs on it, then its GPUs whole.
+        if not held or not any(i.used for g in gpus for i in g.instances):
+            for o in offer(gpus, self.policy, holdback, waiting):
+                by_profile.setdefault(o.instance.profile, []).append(o)
+        self._offers[node] = (engine.now, key, waiting, held, by_profile)
         return by_profile
 
     def _take(self, engine: Engine, node: int, chosen: Sequence[Offered]) -> list[Device]:
@@ -184,3 +225,33 @@ def _gpus(cluster: SimCluster, node: int) -> list[OfferGpu]:
         )
         for gpu in cluster.gpus[node]
     ]
+
+
+def _snapshot(cluster: SimCluster) -> Snapshot:
+    """The cluster as the planner sees it: held or being created is in use."""
+    nodes = tuple(
+        NodeState(
+            name,
+            tuple(
+                GpuState(name, g.index, cluster.table.model, gpu.instances)
+                for g, gpu in zip(cluster.gpus[n], _gpus(cluster, n), strict=True)
+            ),
+        )
+        for n, name in enumerate(cluster.names)
+    )
+    return Snapshot(nodes, {cluster.table.model: cluster.table})
+
+
+def _running(engine: Engine) -> dict[str, float]:
+    """Node name -> how long its longest-running pod has run."""
+    cluster = engine.cluster
+    out: dict[str, float] = {}
+    for node, name in enumerate(cluster.names):
+        starts = [
+            engine.started.get(s.holder, engine.now)
+            for gpu in cluster.gpus[node]
+            for s in gpu.instances.values()
+            if s.holder is not None
+        ]
+        out[name] = engine.now - min(starts, default=engine.now)
+    return out

@@ -150,6 +150,8 @@ def make_policy(
             policy=config.planner_policy,
             actuation_s=config.actuation_s,
             batch_window_s=config.batch_window_s,
+            hold_used=config.hold_used,
+            hold_s=config.hold_s,
         ), pods
     if name in config.static:
         return Static(name, config.static[name]), pods

@@ -88,3 +88,19 @@ def test_every_pod_is_served_on_valid_layouts(rows: list[tuple[int, int, str, in
     out = CheckedEngine(SimCluster(H100, 2, 2), pods, Offer(actuation_s=5)).run()
     assert out.served == len(pods)
     assert all(w >= 0 for w in out.waits_s)
+
+
+def test_a_node_held_for_a_multi_gpu_pod_offers_nothing_else_until_it_drains() -> None:
+    pods = [
+        pod("a", 0, 100, "3g.40gb"),
+        pod("m", 1, 50, "7g.80gb", count=2),
+        pod("s", 10, 200, "1g.10gb"),
+    ]
+    held = Offer(actuation_s=5, hold_used=0.5)
+    out = CheckedEngine(SimCluster(H100, 1, 2), pods, held).run()
+    # a leaves at 105; m gets both GPUs whole (a's free 3g displaced), s waits for m.
+    assert out.waits_s[1] == 105 + 10 - 1
+    assert out.waits_s[2] > out.waits_s[1]
+    out = CheckedEngine(SimCluster(H100, 1, 2), pods, Offer(actuation_s=5)).run()
+    assert out.waits_s[2] == 5  # without the hold, s takes the second GPU and m waits for it
+    assert out.waits_s[1] > 200
