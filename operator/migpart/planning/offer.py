@@ -15,11 +15,11 @@ The order, each step before the next:
 2. `BESIDE_USED`: new placements in free space on GPUs with an instance in use.
 3. `EMPTY`: new placements in free space on GPUs with none in use.
 4. `DISPLACING`: new placements that need free instances destroyed first, fewest compute
-   slices destroyed first. On a GPU with an instance in use always (packing beside running
-   work); on an idle GPU only of the profiles in `waiting` when the caller passes it (the
-   profiles of requests that wait: its free instances are kept for reuse, and the reactive
-   planner, too, repartitions them for a request, never for nothing). The device's counters
-   overlap those of the instances it displaces, so the scheduler never gives both.
+   slices destroyed first; when the caller passes `waiting`, only of those profiles (the
+   profiles of requests that wait, as the reactive planner repartitions free instances for a
+   request, never for nothing; measured in docs/offer-mode.md, not the simulator's default).
+   The device's counters overlap those of the instances it displaces, so the scheduler never
+   gives both.
 
 Within steps 2 to 4, GPUs go busiest first (best fit), and on a GPU the placement that loses
 the least of its free capacity (`migpart.planning.cost.free_capacity`) first: small profiles
@@ -154,8 +154,8 @@ def _gpu_offer(
                 )
                 continue
             inst = Instance(prof.name, start)
-            if inst in free or (waiting is not None and not used and prof.name not in waiting):
-                continue  # offered as it is, or an idle GPU's free instances kept for reuse
+            if inst in free or (waiting is not None and prof.name not in waiting):
+                continue  # offered as it is, or not asked for
             displaced = _displaced(table, prof, start, used_mask, used, free, kept)
             if displaced is None:
                 continue

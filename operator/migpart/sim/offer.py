@@ -15,7 +15,12 @@ The planner re-steers between events: a node's offer is recomputed at most once 
 when its instances changed, so pods scheduled in the same pass see the same order and only
 the counters tell them apart. A departing pod's instances stay free and are offered first;
 they are destroyed only when a pod takes a placement that needs their space (the reactive
-planner's rule: free instances are repartitioned for a request, never for nothing).
+planner's rule: free instances are repartitioned for a request, never for nothing). With
+`displace_waiting_only`, such placements are offered only for the profiles of pods that have
+waited `batch_window_s` (the operator's reaction); measured, not the default
+(docs/offer-mode.md). While a multi-GPU pod has waited a batch window, `hold_used` holds a node
+whole for it as reactive migpart does (`planning.overtime.held_node`): the node offers nothing
+while a pod runs on it, then whole GPUs only.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ class Offer:
     policy: PolicyView = field(default_factory=PolicyView)
     actuation_s: float = 5.0
     batch_window_s: float = 2.0
-    displace_waiting_only: bool = True
+    displace_waiting_only: bool = False
     hold_used: float | None = None
     hold_s: float = 1800.0
     name: str = "offer"

@@ -75,13 +75,6 @@ def test_displacing_placements_only_of_the_profiles_that_wait() -> None:
     assert not [o for o in offer(gpus, EVERY, waiting=()) if o.step == Step.DISPLACING]
 
 
-def test_free_instances_beside_work_in_use_are_displaced_for_any_profile() -> None:
-    gpus = [OfferGpu(0, H100, (used("3g.40gb", 0), free("1g.10gb", 4)))]
-    offered = offer(gpus, EVERY, waiting=())
-    three = Offered(0, Instance("3g.40gb", 4), Step.DISPLACING, (Instance("1g.10gb", 4),))
-    assert three in offered
-
-
 def test_instances_in_use_and_spares_are_never_displaced() -> None:
     gpus = [OfferGpu(0, H100, (used("1g.10gb", 0), free("3g.40gb", 4)))]
     spares = node_spares(gpus, [Spare("3g.40gb", 1)])

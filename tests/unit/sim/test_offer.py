@@ -52,14 +52,15 @@ def test_overlapping_placements_are_never_both_given() -> None:
     assert out.creates == 2
 
 
-def test_free_instances_are_displaced_for_a_pod_that_waited_a_batch_window() -> None:
+def test_free_instances_are_displaced_at_once_or_for_a_pod_that_waited_a_batch_window() -> None:
     pods = [pod("a", 0, 10, "1g.10gb"), pod("b", 20, 10, "7g.80gb")]
-    out = CheckedEngine(SimCluster(H100, 1, 1), pods, Offer(actuation_s=5, batch_window_s=2)).run()
+    on_demand = Offer(actuation_s=5, batch_window_s=2, displace_waiting_only=True)
+    out = CheckedEngine(SimCluster(H100, 1, 1), pods, on_demand).run()
     assert out.waits_s == [5, 7]  # the operator sees b wait, then offers the 7g over the 1g
     assert (out.creates, out.destroys) == (2, 1)
-    always = Offer(actuation_s=5, displace_waiting_only=False)
-    out = CheckedEngine(SimCluster(H100, 1, 1), pods, always).run()
-    assert out.waits_s == [5, 5]
+    out = CheckedEngine(SimCluster(H100, 1, 1), pods, Offer(actuation_s=5)).run()
+    assert out.waits_s == [5, 5]  # by default the 7g over the free 1g is offered at once
+    assert (out.creates, out.destroys) == (2, 1)
 
 
 def test_a_multi_gpu_pod_gets_its_gpus_on_one_node_one_creation_after_another() -> None:
