@@ -17,7 +17,7 @@ COMMANDS = {
     "operator": "run the operator (kopf) against the current kubeconfig",
     "agent": "run the node agent (real NVML, or --simulate MODEL:COUNT)",
     "plan": "plan offline: snapshot JSON in, plan JSON out",
-    "simulate": "replay a pod trace under static, first-fit, MIG-off and migpart policies",
+    "simulate": "replay a pod trace under static, first-fit, MIG-off, migpart and offer policies",
     "demo": "local control plane, simulated GPU nodes, operator, agents and a trace replay",
     "testbed": "build or run the local Kubernetes control plane (hack/testbed)",
 }

@@ -6,7 +6,8 @@ runtime and one real `migpart agent --simulate` process per node), the real `mig
 applies a policy, and replays an accelerated stretch of the Alibaba GPU trace as pods with
 ResourceClaims while a live view shows pods, GPU layouts and repartitions. Ends with a summary
 line, then one line with what the simulator gives for the same pods on the same cluster shape
-(static `all-balanced`, `first-fit`, and its model of migpart with this policy; see
+(static `all-balanced`, `first-fit`, and its model of migpart with this policy, reactive and in
+offer mode; see
 docs/simulate.md, "Beside the demo"). Everything it started is stopped on exit or Ctrl-C.
 """
 

@@ -42,7 +42,7 @@ from migpart.sim.engine import Engine
 from migpart.sim.run import SimConfig, empty_cluster, make_policy
 from migpart.sim.workload import SimPod, make_pod
 
-COMPARED = ("all-balanced", "first-fit", "migpart")
+COMPARED = ("all-balanced", "first-fit", "migpart", "offer")
 # An agent pass that changes a GPU lists its instances twice (before and after destroying)
 # and makes one create or destroy: three calls at the simulated NVML latency.
 NVML_CALLS_PER_GPU = 3

@@ -65,6 +65,10 @@ class Engine:
         self.pods = list(pods)
         self.policy = policy
         self.progress = progress
+        # The scheduler's choice of devices for a pod: free ready instances
+        # (`SimCluster.find`), unless the policy's `setup` puts its own in (offer mode, where
+        # the scheduler also allocates placements the policy offers, creating them).
+        self.allocate: Callable[[SimPod], list[Device] | None] = cluster.find
         self.now = 0.0
         self.pending: dict[str, SimPod] = {}
         self.arrivals: list[SimPod] = []
@@ -115,6 +119,11 @@ class Engine:
             self.cluster.hold(device, pod.name)
         self.bound[pod.name] = list(devices)
         self._start_if_ready(pod.name)
+
+    def capacity_changed(self) -> None:
+        """Have the scheduler's next pass try every pending pod (what a policy offers changed
+        without an instance being freed)."""
+        self._changed = True
 
     def add_planner_cpu(self, seconds: float) -> None:
         self.planner_cpu_s += seconds
@@ -218,7 +227,7 @@ class Engine:
         for pod in candidates:
             if pod.name not in self.pending:
                 continue
-            devices = self.cluster.find(pod)
+            devices = self.allocate(pod)
             if devices is None:
                 left.append(pod)
             else:

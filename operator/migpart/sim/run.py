@@ -20,10 +20,11 @@ from migpart.sim.cluster import SimCluster
 from migpart.sim.engine import Engine, Outcome, Policy
 from migpart.sim.layouts import StaticLayout, balanced, shapes, uniform, whole
 from migpart.sim.migpart import Migpart
+from migpart.sim.offer import Offer
 from migpart.sim.policies import FirstFit, Static, whole_gpu_pods
 from migpart.sim.workload import SimPod, at_load, jittered, sped_up
 
-BUILTIN = ("mig-off", "all-7g", "all-balanced", "best-static", "first-fit", "migpart")
+BUILTIN = ("mig-off", "all-7g", "all-balanced", "best-static", "first-fit", "migpart", "offer")
 # Candidate mixes the best-static search may try, the first included.
 _SEARCH_EVALUATIONS = 24
 _SEARCH_SHAPES = ("7", "4+3", "3+3", "3+2+1+1", "4+2+1", "2+2+2+1", "1+1+1+1+1+1+1")
@@ -141,6 +142,14 @@ def make_policy(
             max_concurrent_nodes=config.max_concurrent_nodes,
             age_s=config.age_s,
             spares_total=config.spares_total,
+            hold_used=config.hold_used,
+            hold_s=config.hold_s,
+        ), pods
+    if name == "offer":
+        return Offer(
+            policy=config.planner_policy,
+            actuation_s=config.actuation_s,
+            batch_window_s=config.batch_window_s,
             hold_used=config.hold_used,
             hold_s=config.hold_s,
         ), pods

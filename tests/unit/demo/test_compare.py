@@ -73,7 +73,7 @@ def test_measured_at_the_end_of_the_replay() -> None:
         duration_s=30.0,
     )
     got = simulated(run)
-    assert list(got) == ["all-balanced", "first-fit", "migpart"]
+    assert list(got) == ["all-balanced", "first-fit", "migpart", "offer"]
     assert got["all-balanced"] == Measured(3, 0, 0.0, 0, 0)
     first_fit = got["first-fit"]
     assert (first_fit.served, first_fit.creates, first_fit.destroys) == (2, 2, 1)
@@ -81,6 +81,10 @@ def test_measured_at_the_end_of_the_replay() -> None:
     migpart = got["migpart"]
     # the planner keeps the free 7g for the next pod: one create, no destroy
     assert (migpart.served, migpart.creates, migpart.destroys) == (2, 1, 0)
+    offer = got["offer"]
+    # p2 is allocated p1's free 7g the instant p1 leaves: one create, no destroy
+    assert (offer.served, offer.creates, offer.destroys) == (2, 1, 0)
+    assert offer.mean_wait_s == pytest.approx((0.15 + 19.15) / 2)
 
 
 def test_comparison_line_reads_policy_by_policy() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from migpart.commands import simulate
 from migpart.sim.report import verdict
+from migpart.sim.run import BUILTIN
 
 TRACE = Path(__file__).parents[2] / "fixtures" / "traces" / "openb_pod_list_default.csv"
 SHORT = ["--trace", str(TRACE), "--nodes", "2", "--offset", "1000", "--limit", "150"]
@@ -18,7 +19,7 @@ SHORT = ["--trace", str(TRACE), "--nodes", "2", "--offset", "1000", "--limit", "
 def test_the_table_and_the_ratio_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert simulate.main([*SHORT, "--load", "0.9", "--seeds", "2"]) == 0
     out = capsys.readouterr().out
-    for policy in ("mig-off", "all-7g", "all-balanced", "best-static", "first-fit", "migpart"):
+    for policy in BUILTIN:
         assert f"\n{policy} " in out
     assert "creates" in out
     assert "planner cpu s/day" in out
