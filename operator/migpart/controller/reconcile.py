@@ -33,6 +33,7 @@ from migpart.controller.bodies import uid_of
 from migpart.controller.decisions import node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
 from migpart.controller.indexes import newest_mignode, with_own_writes
+from migpart.controller.offers import NodeOffer
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
 from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
 from migpart.controller.status import invalid_status, round_status
@@ -107,6 +108,7 @@ class PolicyRound:
         if policy is None or scope is None:
             return RoundResult()
         scope = screening.oversized(scope, self.cluster.claims)
+        self.offer_scope(policy, scope)
         excluded = screening.excluded_for(policy, self.state.scopes.excluded, self.cluster)
         self.warn_excluded(excluded)
         self.warn_unsatisfiable(scope.demand.unsatisfiable)
@@ -295,6 +297,16 @@ class PolicyRound:
             return False
         return (body.get("spec") or {}).get("planId") != planned
 
+    def offer_scope(self, policy: GpuPartitionPolicy, scope: Scope) -> None:
+        """Tell `state.offers` which nodes publish offers: this policy's, where its mode in
+        effect is Offer and it acts (a DryRun policy creates nothing, so offers nothing)."""
+        resolved = resolve_allocation(
+            policy.spec.allocation, self.state.dra, self.state.offer_publishing
+        )
+        offering = resolved.mode == "Offer" and policy.spec.mode == "Active"
+        offer = NodeOffer(self.name, policy.spec.policy_view()) if offering else None
+        self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
+
     def warn_unsatisfiable(self, claims: Iterable[tuple[Body, str]]) -> None:
         """Warning Event once per claim generation (not once per round)."""
         for claim, reason in claims:
@@ -320,7 +332,7 @@ class PolicyRound:
         """The allocation mode in effect; a Warning Event once per generation when the policy
         asks for Offer and the API server does not serve it."""
         requested = policy.spec.allocation
-        resolved = resolve_allocation(requested, self.state.dra)
+        resolved = resolve_allocation(requested, self.state.dra, self.state.offer_publishing)
         key = (f"{uid_of(self.body)}/allocation", int(policy.metadata.get("generation") or 0))
         if fell_back(requested, resolved) and key not in self.state.warned:
             self.state.warned.add(key)
