@@ -14,20 +14,22 @@ compute the node's slices again (`on_change`: invalidate and publish).
 What is not offered (docs/offer-mode.md, "Turning it on"): placements that would displace free
 instances (the relay creates a placement only where nothing is; destroying a free instance is
 the destroy protocol's, i.e. a planning round's), placements whose creation failed, and, on a
-GPU a multi-GPU request holds whole, nothing is held back yet (the rounds still plan for such
-requests reactively).
+GPU a multi-GPU request holds whole, nothing is held back yet. A round of an offering policy
+plans only for claims whose pods the scheduler found unschedulable (`unschedulable_requests`):
+the others are served from the offer, and a round would only race the scheduler for them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from migpart.api.models import MigNode
 from migpart.controller.relay import placements
+from migpart.kube.placement import Placement
 from migpart.mig import Instance, device_name
 from migpart.offer_content import offer_slices
-from migpart.planning.model import InstanceState, PolicyView
+from migpart.planning.model import InstanceState, PolicyView, Request
 from migpart.planning.offer import Holdback, OfferGpu, node_spares, offer
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
 
@@ -111,6 +113,18 @@ def offer_pool(
         # a refused placement no claim holds any more is not offered again by itself (it
         # overlaps what the GPU keeps)
         failed=failed_placements(node) | (refused & held),
+    )
+
+
+def unschedulable_requests(
+    requests: Sequence[Request], waiting: Mapping[str, Sequence[Placement]]
+) -> tuple[Request, ...]:
+    """What a round of an offering policy plans for: the requests of claims a waiting pod of
+    which kube-scheduler found unschedulable (`PodScheduled=False/Unschedulable`: no offered
+    device fits, e.g. it needs free instances displaced). Any other pending claim is being
+    served from the offer, with no round in its path."""
+    return tuple(
+        r for r in requests if any(p.get("unschedulable") for p in waiting.get(r.name, ()))
     )
 
 

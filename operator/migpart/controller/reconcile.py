@@ -15,7 +15,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -33,7 +33,7 @@ from migpart.controller.bodies import uid_of
 from migpart.controller.decisions import node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
 from migpart.controller.indexes import newest_mignode, with_own_writes
-from migpart.controller.offers import NodeOffer
+from migpart.controller.offers import NodeOffer, unschedulable_requests
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
 from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
 from migpart.controller.status import invalid_status, round_status
@@ -92,6 +92,8 @@ class PolicyRound:
             state.withdrawing,
         )
         self.log = log.bind(policy=name)
+        # set by run: this policy's nodes publish offers (controller/offers.py)
+        self.offering = False
         # set by run: a plan was held back (batch window open, or paced), until when (s)
         self.deferred = False
         self.retry_in_s = 0.0
@@ -108,7 +110,8 @@ class PolicyRound:
         if policy is None or scope is None:
             return RoundResult()
         scope = screening.oversized(scope, self.cluster.claims)
-        self.offer_scope(policy, scope)
+        self.offering = self.offer_scope(policy, scope)
+        scope = self.served_by_offer(scope)
         excluded = screening.excluded_for(policy, self.state.scopes.excluded, self.cluster)
         self.warn_excluded(excluded)
         self.warn_unsatisfiable(scope.demand.unsatisfiable)
@@ -127,6 +130,7 @@ class PolicyRound:
                     # round started with: a node given a spec must not get a second one
                     self.cluster = with_own_writes(self.cluster, self.state.written)
                     scope = screening.oversized(self.scope() or scope, self.cluster.claims)
+                    scope = self.served_by_offer(scope)
         await self.write_status(policy, scope, last_plan, excluded)
         self.deferred = result.deferred = deferred
         return result
@@ -297,15 +301,25 @@ class PolicyRound:
             return False
         return (body.get("spec") or {}).get("planId") != planned
 
-    def offer_scope(self, policy: GpuPartitionPolicy, scope: Scope) -> None:
+    def offer_scope(self, policy: GpuPartitionPolicy, scope: Scope) -> bool:
         """Tell `state.offers` which nodes publish offers: this policy's, where its mode in
-        effect is Offer and it acts (a DryRun policy creates nothing, so offers nothing)."""
+        effect is Offer and it acts (a DryRun policy creates nothing, so offers nothing).
+        Returns whether they do."""
         resolved = resolve_allocation(
             policy.spec.allocation, self.state.dra, self.state.offer_publishing
         )
         offering = resolved.mode == "Offer" and policy.spec.mode == "Active"
         offer = NodeOffer(self.name, policy.spec.policy_view()) if offering else None
         self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
+        return offering
+
+    def served_by_offer(self, scope: Scope) -> Scope:
+        """An offering policy plans only for the claims the scheduler could not serve from the
+        offer (`offers.unschedulable_requests`); a reactive one for every pending claim."""
+        if not self.offering:
+            return scope
+        requests = unschedulable_requests(scope.demand.requests, self.cluster.waiting)
+        return replace(scope, demand=replace(scope.demand, requests=requests))
 
     def warn_unsatisfiable(self, claims: Iterable[tuple[Body, str]]) -> None:
         """Warning Event once per claim generation (not once per round)."""

@@ -13,6 +13,7 @@ import pytest
 from migpart.api.models import FailedInstance, MigNode
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.handlers import _wire_offers
+from migpart.controller.indexes import waiting_entry
 from migpart.controller.mignodes import MigNodeWatch
 from migpart.controller.offer_relay import OfferRelay
 from migpart.controller.offers import NodeOffer, Offers, offer_pool
@@ -26,8 +27,15 @@ from migpart.kube.slice_publisher import SlicePublisher
 from migpart.offer_content import FAILED_TAINT, WITHDRAWN_TAINT
 from migpart.planning.model import PolicyView
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
-from migpart.testing.builders import ClaimBuilder, profile_is
-from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, offline_state, policy
+from migpart.testing.builders import ClaimBuilder, PodBuilder, profile_is
+from tests.unit.controller.factories import (
+    DEVICE_CLASS,
+    claim,
+    mignode,
+    offline_state,
+    placement,
+    policy,
+)
 from tests.unit.controller.test_offer_relay import Cluster as RelayCluster
 from tests.unit.controller.test_offer_relay import node_body, offered
 from tests.unit.controller.test_round import allocation, clock_of
@@ -68,16 +76,20 @@ def world(
     claims: Sequence[dict[str, Any]] = (),
     *,
     generation: int = 1,
+    unschedulable: bool = True,
     **spec: Any,
 ) -> Cluster:
+    """Node pool `a`, policy `pa` with `spec`, each claim used by a waiting pod that the
+    scheduler found `unschedulable` (or has not)."""
     labels = {name: {"pool": "a"} for name in nodes}
+    waits = {**placement(), "unschedulable": True} if unschedulable else placement()
     spec.setdefault("reconfiguration", {"batchWindowSeconds": 0})
     return Cluster(
         mignodes=nodes,
         node_labels=labels,
         policies={"pa": policy("pa", "a", generation, **spec)},
         claims={f"ns/{c['metadata']['name']}": c for c in claims},
-        waiting={f"ns/{c['metadata']['name']}": () for c in claims},
+        waiting={f"ns/{c['metadata']['name']}": (waits,) for c in claims},
         device_classes={DRIVER: DEVICE_CLASS},
         node_facts={name: NodeFacts(v, ()) for name, v in labels.items()},
     )
@@ -344,3 +356,34 @@ async def test_in_offer_mode_a_held_instance_is_never_planned_away() -> None:
     assert effects.withdrawals == []
     for _, spec in effects.specs:
         assert "7g.80gb" in [i.profile for i in spec.gpus[0].instances]
+
+
+# ------------------------------------------------------------------ rounds in offer mode
+
+
+@pytest.mark.parametrize("allocation_", ["Offer", "Reactive"])
+async def test_an_offering_policy_plans_only_for_pods_the_scheduler_found_unschedulable(
+    allocation_: str,
+) -> None:
+    nodes = {"a": mignode("a", 1, gpus=[gpu(0)])}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = offering_state(effects)
+    pending = [claim("c1", "3g.40gb")]
+    await run(state, world(nodes, pending, unschedulable=False, allocation=allocation_))
+    if allocation_ == "Offer":
+        assert effects.specs == []  # the scheduler takes it from the offer: no round
+        assert [e.reason for e in effects.events] == []
+    else:
+        assert [e.reason for e in effects.events] == ["Repartitioning"]
+    clock_of(state).advance(60)  # past the pacing of the first round
+    await run(state, world(nodes, pending, generation=2, allocation=allocation_))
+    assert [e.reason for e in effects.events] == ["Repartitioning"]  # found unschedulable
+
+
+def test_the_waiting_index_tells_which_pods_the_scheduler_found_unschedulable() -> None:
+    waiting = PodBuilder("p", "ns").claim("c1")
+    [(key, fresh)] = (waiting_entry(waiting.obj()) or {}).items()
+    assert key == "ns/c1"
+    assert "unschedulable" not in fresh  # as before: a reactive cluster's entries are unchanged
+    [tried] = (waiting_entry(waiting.unschedulable().obj()) or {}).values()
+    assert tried["unschedulable"] is True
