@@ -9,7 +9,7 @@ Reactive is Reactive everywhere.
 
 from __future__ import annotations
 
-from migpart.api.models import AllocationMode, AllocationStatus
+from migpart.api.models import AllocationMode, AllocationStatus, PolicyMode
 from migpart.kube.features import DraFeatures
 
 NOT_PUBLISHING = (
@@ -36,6 +36,17 @@ def resolve_allocation(
         reason = f"{requested}: Offer served; {NOT_PUBLISHING}"
         return AllocationStatus(mode="Reactive", reason=reason)
     return AllocationStatus(mode="Offer", reason=f"{requested}: Offer served")
+
+
+DRY_RUN = "DryRun: nothing is offered, devices are published reactively"
+
+
+def acting(resolved: AllocationStatus, mode: PolicyMode) -> AllocationStatus:
+    """The mode in effect once the policy's `spec.mode` is counted: a DryRun policy creates
+    nothing, so it offers nothing, and its nodes publish reactively."""
+    if resolved.mode == "Offer" and mode == "DryRun":
+        return AllocationStatus(mode="Reactive", reason=f"{resolved.reason}; {DRY_RUN}")
+    return resolved
 
 
 def fell_back(requested: AllocationMode, resolved: AllocationStatus) -> bool:

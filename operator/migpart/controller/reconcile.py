@@ -28,7 +28,7 @@ from migpart.api.models import (
     MigNode,
 )
 from migpart.controller import screening
-from migpart.controller.allocation import fell_back, resolve_allocation
+from migpart.controller.allocation import acting, fell_back, resolve_allocation
 from migpart.controller.bodies import uid_of
 from migpart.controller.decisions import node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
@@ -308,7 +308,7 @@ class PolicyRound:
         resolved = resolve_allocation(
             policy.spec.allocation, self.state.dra, self.state.offer_publishing
         )
-        offering = resolved.mode == "Offer" and policy.spec.mode == "Active"
+        offering = acting(resolved, policy.spec.mode).mode == "Offer"
         offer = NodeOffer(self.name, policy.spec.policy_view()) if offering else None
         self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
         return offering
@@ -352,7 +352,7 @@ class PolicyRound:
             self.state.warned.add(key)
             self.effects.event(self.body, "Warning", "OfferNotServed", resolved.reason[:1000])
             self.log.warning("offer_not_served", reason=resolved.reason)
-        return resolved
+        return acting(resolved, policy.spec.mode)
 
     async def write_status(
         self,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from migpart.api.models import AllocationMode
-from migpart.controller.allocation import NOT_PUBLISHING, fell_back, resolve_allocation
+from migpart.controller.allocation import DRY_RUN, NOT_PUBLISHING, fell_back, resolve_allocation
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
@@ -120,3 +120,18 @@ async def test_offer_not_served_is_a_warning_once_per_generation() -> None:
     status = effects.statuses[-1][1]
     assert status.allocation is not None
     assert status.allocation.mode == "Reactive"
+
+
+async def test_a_dry_run_policy_offers_nothing_and_says_so() -> None:
+    effects = InMemoryEffects()
+    state = offline_state(effects)
+    state.dra = SERVED
+    state.offer_publishing = True
+    cluster = world(allocation="Offer", mode="DryRun")
+    await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
+    [(_, status)] = effects.statuses
+    assert status.allocation is not None
+    assert status.allocation.mode == "Reactive"  # its nodes publish reactively
+    assert status.allocation.reason == f"Offer: Offer served; {DRY_RUN}"
+    assert effects.events == []  # served: no OfferNotServed
+    assert not state.offers.offered("a")
