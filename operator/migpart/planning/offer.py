@@ -43,6 +43,8 @@ from migpart.planning.model import InstanceState, PolicyView, Spare
 
 
 class Step(IntEnum):
+    """The four steps of an offer, in order (module docstring)."""
+
     FREE = 0
     BESIDE_USED = 1
     EMPTY = 2
