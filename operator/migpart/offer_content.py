@@ -14,7 +14,11 @@ offered placements in the planner's order (the scheduler tries devices in slice 
 every existing instance of the node, free or used, and every device an allocated claim names,
 whether offered now or not. A free instance on its way out (withdrawn by the destroy protocol,
 or no longer in the spec) stays listed, with the NoSchedule taint `WITHDRAWN_TAINT`, so that
-its counters keep counting until the agent destroys it.
+its counters keep counting until the agent destroys it. A placement not created yet carries
+the binding conditions of `migpart.dra.placement_device_fields` (the pod binds once the
+instance exists); one whose creation failed is never offered, and while a claim still holds it
+it is listed with the NoSchedule taint `FAILED_TAINT`, so that the scheduler, which sends the
+pod back when the failure condition is set, does not allocate it again.
 
 The API server takes counter sets and devices in separate slices of one pool, and a limited
 number of each per slice (`MAX_*`, measured by hack/slice_limits.py): the pool is split across
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode
-from migpart.dra import DRIVER
+from migpart.dra import DRIVER, placement_device_fields
 from migpart.mig import Instance, Profile
 from migpart.mig.profiles import ModelTable, device_name
 from migpart.slice_content import (
@@ -62,6 +66,8 @@ INSTANCES_COUNTER_PREFIX = "instances-"
 CREATED_ATTRIBUTE = "created"
 # On a free instance that is leaving: not allocatable, but its counters still count.
 WITHDRAWN_TAINT = {"key": f"{DRIVER}/withdrawn", "effect": "NoSchedule"}
+# On a placement whose creation failed (refused, NVML error, conflict): not allocatable again.
+FAILED_TAINT = {"key": f"{DRIVER}/failed", "effect": "NoSchedule"}
 
 
 def counter_set_name(gpu_index: int) -> str:
@@ -119,10 +125,12 @@ def placement_device(
     uuid: str = "",
     created: bool = False,
     withdrawn: bool = False,
+    failed: bool = False,
 ) -> Device:
     """The device of one placement of `profile` on `gpu` (an existing instance when
-    `created`, with its `uuid`): `slice_device` plus the counters it consumes, and the
-    withdrawn taint where it is leaving."""
+    `created`, with its `uuid`): `slice_device` plus the counters it consumes, the binding
+    conditions where it is not created yet, and the withdrawn taint where it is leaving (the
+    failed taint where its creation failed)."""
     device = slice_device(
         gpu.index, profile, start, gpu.model, gpu.uuid, uuid=uuid, created=created
     )
@@ -133,8 +141,13 @@ def placement_device(
             "counters": {name: {"value": str(n)} for name, n in sorted(consumed.items())},
         }
     ]
-    if withdrawn:
-        device["taints"] = [dict(WITHDRAWN_TAINT)]
+    if not created:
+        device.update(placement_device_fields())
+    taints = [dict(WITHDRAWN_TAINT)] if withdrawn else []
+    if failed and not created:
+        taints.append(dict(FAILED_TAINT))
+    if taints:
+        device["taints"] = taints
     return device
 
 
@@ -189,6 +202,7 @@ def offer_slices(
     available: bool = True,
     allocated: Iterable[str] = (),
     cache: DeviceCache | None = None,
+    failed: Iterable[str] = (),
 ) -> list[SliceContent]:
     """The slices of the node's pool in offer mode.
 
@@ -196,14 +210,17 @@ def offer_slices(
     order: `migpart.planning.offer`); placements its GPU's table lacks, or of a GPU without
     MIG, are left out. `withdrawn`: devices the destroy protocol withdrew (published tainted).
     `allocated`: the device names allocated claims hold on this node (published whether
-    offered or not). An unavailable node gets reactive mode's answer: one empty slice, never
-    created. `cache` only saves work: the result is the same without it.
+    offered or not). `failed`: placements whose creation failed or was refused: never offered,
+    and tainted `FAILED_TAINT` where a claim still holds one. An unavailable node gets reactive
+    mode's answer: one empty slice, never created. `cache` only saves work: the result is the
+    same without it.
     """
     if not available:
         return node_slices(node, withdrawn, available=False)
     devices = cache or DeviceCache()
     gpus = {g.index: _Gpu.of(g) for g in (node.status.gpus if node.status else []) if g.mig_enabled}
     leaving = _leaving(node, withdrawn)
+    refused = set(failed)
     entries: dict[str, tuple[Device, str]] = {}
 
     def add(gpu: _Gpu, name: str) -> None:
@@ -220,17 +237,27 @@ def offer_slices(
         profile, start = known
         uuid = inst.uuid if inst is not None else ""
         tainted = inst is not None and name in leaving
+        lost = inst is None and name in refused
         key = ("offer", gpu.status.index, gpu.status.model, gpu.status.uuid, name, uuid)
         entries[name] = devices.entry(
-            (*key, inst is not None, tainted, gpu.described[profile.name]),
+            (*key, inst is not None, tainted, lost, gpu.described[profile.name]),
             lambda: placement_device(
-                gpu.status, profile, start, uuid, created=inst is not None, withdrawn=tainted
+                gpu.status,
+                profile,
+                start,
+                uuid,
+                created=inst is not None,
+                withdrawn=tainted,
+                failed=lost,
             ),
         )
 
     for index, inst in offer:
+        name = device_name(index, inst.profile, inst.start)
+        if name in refused:
+            continue
         if (gpu := gpus.get(index)) is not None:
-            add(gpu, device_name(index, inst.profile, inst.start))
+            add(gpu, name)
     held = set(allocated)
     for gpu in sorted(gpus.values(), key=lambda g: g.status.index):
         for name in sorted(set(gpu.instances) | (held & gpu.placements.keys())):

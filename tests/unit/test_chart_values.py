@@ -168,6 +168,12 @@ def test_operator_log_json_off(tmp_path: Path) -> None:
     assert args(render(), "Deployment").log_json is True
 
 
+def test_operator_offer_publishing_is_off_unless_the_value_says_so(tmp_path: Path) -> None:
+    assert args(render(), "Deployment").offer_publishing is False
+    docs = with_values(tmp_path, {"operator": {"offerPublishing": True}})
+    assert args(docs, "Deployment").offer_publishing is True
+
+
 def test_agent_keeps_node_name_with_extra_env(tmp_path: Path) -> None:
     docs = with_values(tmp_path, {"agent": {"extraEnv": [{"name": "EXTRA", "value": "1"}]}})
     assert env(docs, "DaemonSet")["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == (

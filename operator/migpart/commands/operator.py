@@ -127,6 +127,15 @@ def parser() -> argparse.ArgumentParser:
         "published this long, while its Lease is fresh (0: none)",
     )
     p.add_argument(
+        "--offer-publishing",
+        action=argparse.BooleanOptionalAction,
+        default=_env_flag("MIGPART_OFFER_PUBLISHING"),
+        help="offer mode (docs/offer-mode.md#turning-it-on): nodes of a policy whose allocation "
+        "in effect is Offer (Kubernetes 1.36+) publish the placements migpart would create, and "
+        "the scheduler allocates them at once (default: off, or $MIGPART_OFFER_PUBLISHING=true; "
+        "every policy then runs Reactive)",
+    )
+    p.add_argument(
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -192,6 +201,12 @@ def election(args: argparse.Namespace) -> Election | None:
     )
 
 
+def _env_flag(name: str, env: dict[str, str] | None = None) -> bool:
+    """A boolean environment variable: true, 1 or yes (any case) is on, anything else off."""
+    value = (env if env is not None else dict(os.environ)).get(name, "")
+    return value.strip().lower() in {"true", "1", "yes"}
+
+
 def _positive_seconds(text: str) -> float:
     value = _number(text)
     if not value > 0:
@@ -224,6 +239,7 @@ async def run(args: argparse.Namespace) -> None:
         registration_grace_s=args.registration_grace_seconds,
         served=served,
         election=election(args),
+        offer_publishing=args.offer_publishing,
     )
     try:
         # kopf resolves the resources of its handlers when it starts; a CRD that is

@@ -9,19 +9,22 @@ Reactive is Reactive everywhere.
 
 from __future__ import annotations
 
-from migpart.api.models import AllocationMode, AllocationStatus
+from migpart.api.models import AllocationMode, AllocationStatus, PolicyMode
 from migpart.kube.features import DraFeatures
 
-OFFER_PUBLISHING = False
-"""Whether this build publishes offers. Until the offer publisher is wired in, a policy whose
-server serves offers stays Reactive, and its status and the Allocation column say so (never
-"Offer" while the slices are reactive); flipped once offer publishing lands. The offer relay
-(`migpart.controller.offer_relay`) runs only for policies whose mode in effect is Offer."""
-NOT_PUBLISHING = "offer publishing not enabled in this build: devices are published reactively"
+NOT_PUBLISHING = (
+    "offer publishing not enabled (migpart operator --offer-publishing): devices are published "
+    "reactively"
+)
 
 
-def resolve_allocation(requested: AllocationMode, features: DraFeatures) -> AllocationStatus:
-    """The mode in effect for a policy that asks for `requested`, and why."""
+def resolve_allocation(
+    requested: AllocationMode, features: DraFeatures, publishing: bool
+) -> AllocationStatus:
+    """The mode in effect for a policy that asks for `requested`, and why. `publishing`: the
+    operator publishes offers (`migpart operator --offer-publishing`, off by default); without
+    it a policy whose server serves offers stays Reactive, and its status and the Allocation
+    column say so (never "Offer" while the slices are reactive)."""
     if requested == "Reactive":
         return AllocationStatus(mode="Reactive", reason="Reactive requested")
     if not features.offer_served:
@@ -29,10 +32,21 @@ def resolve_allocation(requested: AllocationMode, features: DraFeatures) -> Allo
         return AllocationStatus(
             mode="Reactive", reason=f"{prefix}: {features.detail}; falling back to Reactive"
         )
-    if not OFFER_PUBLISHING:
+    if not publishing:
         reason = f"{requested}: Offer served; {NOT_PUBLISHING}"
         return AllocationStatus(mode="Reactive", reason=reason)
     return AllocationStatus(mode="Offer", reason=f"{requested}: Offer served")
+
+
+DRY_RUN = "DryRun: nothing is offered, devices are published reactively"
+
+
+def acting(resolved: AllocationStatus, mode: PolicyMode) -> AllocationStatus:
+    """The mode in effect once the policy's `spec.mode` is counted: a DryRun policy creates
+    nothing, so it offers nothing, and its nodes publish reactively."""
+    if resolved.mode == "Offer" and mode == "DryRun":
+        return AllocationStatus(mode="Reactive", reason=f"{resolved.reason}; {DRY_RUN}")
+    return resolved
 
 
 def fell_back(requested: AllocationMode, resolved: AllocationStatus) -> bool:

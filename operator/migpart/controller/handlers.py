@@ -32,7 +32,6 @@ from migpart.api.models import (
     UnavailableReason,
 )
 from migpart.clock import Clock
-from migpart.controller import allocation
 from migpart.controller.bodies import parse_policy
 from migpart.controller.effects import KubeEffects
 from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
@@ -41,6 +40,7 @@ from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
 from migpart.controller.mignodes import MigNodeWatch, watch_mignodes
 from migpart.controller.offer_relay import OfferRelay, RelayingIndex
+from migpart.controller.offers import Offers
 from migpart.controller.reconcile import report_invalid
 from migpart.controller.scope import ScopeCache
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
@@ -107,6 +107,9 @@ class OperatorConfig:
     served: asyncio.Event = field(default_factory=asyncio.Event)
     # None: no election, this operator writes from the start (the only one, by its user's word)
     election: Election | None = None
+    # `--offer-publishing`: nodes of policies whose mode in effect is Offer publish offers
+    # (controller/offers.py); off, every policy runs Reactive
+    offer_publishing: bool = False
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -183,12 +186,8 @@ async def startup(
     mignodes = MigNodeWatch(state, slices_listed)
     slices = SliceWatch(publisher, slices_listed, mignodes.publish)
     watched = watched_indexes(state)
-    # Off until this build publishes offers (`allocation.OFFER_PUBLISHING`); the wiring makes
-    # the predicate "the node's policy is in Offer mode".
-    state.relay = OfferRelay(state, offered=lambda _node: allocation.OFFER_PUBLISHING)
-    watched["claims_index"] = RelayingIndex(
-        state.relay, WATCHED["claims_index"].entry, state.wake_all
-    )
+    relay = _wire_offers(state, config.offer_publishing, mignodes)
+    watched["claims_index"] = RelayingIndex(relay, WATCHED["claims_index"].entry, state.wake_all)
     state.watched = {**watched, "mignodes_index": mignodes}
     state.indexes = state.watched
     state.tasks = [
@@ -213,7 +212,40 @@ async def startup(
         lease_timeout_s=config.lease_timeout_s,
         registration_grace_s=config.registration_grace_s,
         offer_served=state.dra.offer_served,
+        offer_publishing=config.offer_publishing,
     )
+
+
+def _wire_offers(state: OperatorState, publishing: bool, mignodes: MigNodeWatch) -> OfferRelay:
+    """Offer mode (controller/offers.py): the relay acts on the nodes that publish offers, and
+    with `publishing` the publisher asks `Offers.slices` what a node's pool holds (without it,
+    reactive mode's `node_slices` for every node, as before)."""
+    publisher = state.publisher
+    state.offer_publishing = publishing
+
+    def recompute(node: str) -> None:
+        publisher.invalidate(node)
+        mignodes.publish(node)
+
+    async def publish_first(node: str) -> None:
+        publisher.invalidate(node)
+        await state.effects.publish(node)
+
+    relay = OfferRelay(
+        state,
+        offered=lambda node: state.offers.offered(node),
+        changed=lambda node: state.offers.touch(node),
+        publish_first=publish_first,
+    )
+    state.relay = relay
+    state.offers = Offers(
+        held=relay.held,
+        refused=lambda node: relay.refused.get(node, frozenset()),
+        on_change=recompute,
+    )
+    if publishing:
+        publisher.slices = state.offers.slices
+    return relay
 
 
 def _elector(config: OperatorConfig, api: Any) -> LeaderElector | None:
@@ -392,6 +424,7 @@ async def policy_changed(type: str | None, name: str, body: kopf.Body, memo: Any
     state = state_of(memo)
     if type == "DELETED":
         state.workers.stop(name)
+        state.offers.drop(name)  # its nodes publish reactively again
         return
     state.workers.ensure(name, functools.partial(plan_policy, state, name))
     try:

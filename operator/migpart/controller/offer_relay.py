@@ -21,15 +21,19 @@ not written again, so passes are idempotent, and a write that failed (a 409, the
 away) is tried again on the next event of the node or the claim. A standby settles nothing:
 the leader that takes over settles every node with a claim (`settle_all`).
 
-Which nodes are in offer mode is the policy's `spec.allocation` (another module's concern);
+Which nodes are in offer mode is the policy's `spec.allocation` (`controller.offers`);
 `OfferRelay` takes it as the predicate `offered(node)`. In reactive mode every allocated device
-exists already, so the relay finds nothing to do there either way.
+exists already, so the relay finds nothing to do there either way. It tells `changed(node)`
+when the devices claims hold on a node, or the placements it refused there, change (the
+node's offer depends on both), and a failure condition is written only after
+`publish_first(node)` returned: the failed placement must be tainted in the slice before the
+scheduler sends the pod back, or it allocates the same placement again.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -66,10 +70,18 @@ class OfferRelay:
     """Which claims hold our devices on which node, and each node's settling task."""
 
     def __init__(
-        self, state: OperatorState, offered: Callable[[str], bool] = lambda node: True
+        self,
+        state: OperatorState,
+        offered: Callable[[str], bool] = lambda node: True,
+        changed: Callable[[str], None] | None = None,
+        publish_first: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.state = state
         self.offered = offered
+        self.changed = changed
+        self.publish_first = publish_first
+        # node -> the placements the last pass refused there (conflicts)
+        self.refused: dict[str, frozenset[str]] = {}
         # node -> claim key -> the claim's newest body, for claims holding devices there
         self.claims: dict[str, dict[str, Body]] = {}
         self._nodes_of: dict[str, frozenset[str]] = {}
@@ -78,10 +90,23 @@ class OfferRelay:
 
     # ------------------------------------------------------------ what the watches tell
 
+    def held(self, node: str) -> frozenset[str]:
+        """The device names that claims hold on `node`."""
+        return frozenset(
+            d
+            for claim in self.claims.get(node, {}).values()
+            for d in held_devices(claim).get(node, [])
+        )
+
     def claim_changed(self, kind: str, claim: Body) -> None:
         key = body_key(claim)
         held = {} if kind == "DELETED" else held_devices(claim)
         before = self._nodes_of.get(key, frozenset())
+        moved = [
+            node
+            for node in sorted(before | held.keys())
+            if sorted(self._held_by(key, node)) != sorted(held.get(node, []))
+        ]
         for node in before - held.keys():
             self.claims.get(node, {}).pop(key, None)
             if not self.claims.get(node):
@@ -91,8 +116,15 @@ class OfferRelay:
         self._nodes_of[key] = frozenset(held)
         if not held:
             self._nodes_of.pop(key, None)
+        for node in moved:
+            if self.changed is not None:
+                self.changed(node)
         for node in held:
             self.settle(node)
+
+    def _held_by(self, key: str, node: str) -> list[str]:
+        known = self.claims.get(node, {}).get(key)
+        return held_devices(known).get(node, []) if known is not None else []
 
     def claims_listed(self, claims: list[Body]) -> None:
         self.claims.clear()
@@ -157,6 +189,14 @@ class OfferRelay:
         node = view.node
         held = sorted((key, d) for key, c in claims.items() for d in held_devices(c).get(name, []))
         decision = relay(node, held)
+        refused = frozenset(device for _, device in decision.conflicts)
+        if refused != self.refused.get(name, frozenset()):
+            if refused:
+                self.refused[name] = refused
+            else:
+                self.refused.pop(name, None)
+            if self.changed is not None:
+                self.changed(name)
         if decision.spec is not None:
             written = await state.effects.write_spec(name, decision.spec)
             state.written[name] = written
@@ -193,6 +233,10 @@ class OfferRelay:
         devices = binding_entries(claim, verdicts, as_iso(self.state.clock.now()))
         if devices is None:
             return
+        failing = any(v.type == INSTANCE_FAILED for v in verdicts.values())
+        if failing and self.publish_first is not None:
+            # the failed placement is tainted in the slice before the pod is sent back
+            await self.publish_first(name)
         await self.state.effects.write_claim_devices(claim, devices)
         for device, got in verdicts.items():
             log.info(

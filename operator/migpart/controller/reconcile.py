@@ -15,7 +15,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -28,11 +28,12 @@ from migpart.api.models import (
     MigNode,
 )
 from migpart.controller import screening
-from migpart.controller.allocation import fell_back, resolve_allocation
+from migpart.controller.allocation import acting, fell_back, resolve_allocation
 from migpart.controller.bodies import uid_of
 from migpart.controller.decisions import node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
 from migpart.controller.indexes import newest_mignode, with_own_writes
+from migpart.controller.offers import NodeOffer, unschedulable_requests
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
 from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
 from migpart.controller.status import invalid_status, round_status
@@ -91,6 +92,8 @@ class PolicyRound:
             state.withdrawing,
         )
         self.log = log.bind(policy=name)
+        # set by run: this policy's nodes publish offers (controller/offers.py)
+        self.offering = False
         # set by run: a plan was held back (batch window open, or paced), until when (s)
         self.deferred = False
         self.retry_in_s = 0.0
@@ -107,6 +110,8 @@ class PolicyRound:
         if policy is None or scope is None:
             return RoundResult()
         scope = screening.oversized(scope, self.cluster.claims)
+        self.offering = self.offer_scope(policy, scope)
+        scope = self.served_by_offer(scope)
         excluded = screening.excluded_for(policy, self.state.scopes.excluded, self.cluster)
         self.warn_excluded(excluded)
         self.warn_unsatisfiable(scope.demand.unsatisfiable)
@@ -125,6 +130,7 @@ class PolicyRound:
                     # round started with: a node given a spec must not get a second one
                     self.cluster = with_own_writes(self.cluster, self.state.written)
                     scope = screening.oversized(self.scope() or scope, self.cluster.claims)
+                    scope = self.served_by_offer(scope)
         await self.write_status(policy, scope, last_plan, excluded)
         self.deferred = result.deferred = deferred
         return result
@@ -295,6 +301,26 @@ class PolicyRound:
             return False
         return (body.get("spec") or {}).get("planId") != planned
 
+    def offer_scope(self, policy: GpuPartitionPolicy, scope: Scope) -> bool:
+        """Tell `state.offers` which nodes publish offers: this policy's, where its mode in
+        effect is Offer and it acts (a DryRun policy creates nothing, so offers nothing).
+        Returns whether they do."""
+        resolved = resolve_allocation(
+            policy.spec.allocation, self.state.dra, self.state.offer_publishing
+        )
+        offering = acting(resolved, policy.spec.mode).mode == "Offer"
+        offer = NodeOffer(self.name, policy.spec.policy_view()) if offering else None
+        self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
+        return offering
+
+    def served_by_offer(self, scope: Scope) -> Scope:
+        """An offering policy plans only for the claims the scheduler could not serve from the
+        offer (`offers.unschedulable_requests`); a reactive one for every pending claim."""
+        if not self.offering:
+            return scope
+        requests = unschedulable_requests(scope.demand.requests, self.cluster.waiting)
+        return replace(scope, demand=replace(scope.demand, requests=requests))
+
     def warn_unsatisfiable(self, claims: Iterable[tuple[Body, str]]) -> None:
         """Warning Event once per claim generation (not once per round)."""
         for claim, reason in claims:
@@ -320,13 +346,13 @@ class PolicyRound:
         """The allocation mode in effect; a Warning Event once per generation when the policy
         asks for Offer and the API server does not serve it."""
         requested = policy.spec.allocation
-        resolved = resolve_allocation(requested, self.state.dra)
+        resolved = resolve_allocation(requested, self.state.dra, self.state.offer_publishing)
         key = (f"{uid_of(self.body)}/allocation", int(policy.metadata.get("generation") or 0))
         if fell_back(requested, resolved) and key not in self.state.warned:
             self.state.warned.add(key)
             self.effects.event(self.body, "Warning", "OfferNotServed", resolved.reason[:1000])
             self.log.warning("offer_not_served", reason=resolved.reason)
-        return resolved
+        return acting(resolved, policy.spec.mode)
 
     async def write_status(
         self,

@@ -18,6 +18,7 @@ from migpart.clock import Clock
 from migpart.controller.effects import Effects
 from migpart.controller.health import NodeHealth
 from migpart.controller.metrics import Metrics
+from migpart.controller.offers import Offers
 from migpart.controller.scope import ScopeCache
 from migpart.controller.workers import Workers
 from migpart.dra import DeviceId
@@ -159,6 +160,11 @@ class OperatorState:
     stale_written_over: dict[str, str] = field(default_factory=dict)
     # offer mode: creates allocated placements and sets the claims' binding conditions
     relay: OfferRelay | None = None
+    # `migpart operator --offer-publishing`: policies whose mode in effect is Offer publish
+    # offers (off: every policy is Reactive, whatever the server serves)
+    offer_publishing: bool = False
+    # which nodes publish offers, under which policy (controller/offers.py)
+    offers: Offers = field(default_factory=Offers)
 
     def leading(self) -> bool:
         """Whether this operator leads now (its writes would be sent)."""

@@ -97,6 +97,16 @@ def pod_waiting(pod: Body) -> bool:
     return (pod.get("status") or {}).get("phase") in (None, "Pending")
 
 
+def pod_unschedulable(pod: Body) -> bool:
+    """kube-scheduler tried the pod and found no node (`PodScheduled=False/Unschedulable`)."""
+    return any(
+        c.get("type") == "PodScheduled"
+        and c.get("status") == "False"
+        and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
 def pending_claims(
     claims: Mapping[str, Body], waiting: Iterable[str], allocated: frozenset[str] = frozenset()
 ) -> Iterator[tuple[str, Body]]:

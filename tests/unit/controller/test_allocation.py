@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from migpart.api.models import AllocationMode
-from migpart.controller import allocation as allocation_module
-from migpart.controller.allocation import NOT_PUBLISHING, fell_back, resolve_allocation
+from migpart.controller.allocation import DRY_RUN, NOT_PUBLISHING, fell_back, resolve_allocation
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
@@ -25,8 +24,9 @@ PARTITIONABLE_ONLY = DraFeatures(
 )
 NONE = DraFeatures(False, False, "not served: partitionable devices, binding conditions")
 UNKNOWN = DraFeatures.unknown("could not ask the API server: HTTP 503 Service Unavailable")
-# the mode a served Offer or Auto gets: Reactive until this build publishes offers
-OFFERED = "Offer" if allocation_module.OFFER_PUBLISHING else "Reactive"
+# the mode a served Offer or Auto gets by default: Reactive unless the operator publishes
+# offers (`--offer-publishing`, off by default)
+OFFERED = "Reactive"
 
 
 @pytest.mark.parametrize(
@@ -45,30 +45,37 @@ OFFERED = "Offer" if allocation_module.OFFER_PUBLISHING else "Reactive"
     ],
 )
 def test_the_mode_in_effect(requested: AllocationMode, features: DraFeatures, mode: str) -> None:
-    resolved = resolve_allocation(requested, features)
+    resolved = resolve_allocation(requested, features, publishing=False)
     assert resolved.mode == mode
     assert fell_back(requested, resolved) == (requested == "Offer" and mode == "Reactive")
 
 
 def test_a_fallback_says_what_the_server_does_not_serve() -> None:
-    resolved = resolve_allocation("Offer", PARTITIONABLE_ONLY)
+    resolved = resolve_allocation("Offer", PARTITIONABLE_ONLY, publishing=True)
     assert resolved.reason.startswith("Offer requested but not served")
     assert "not served: binding conditions" in resolved.reason
     assert resolved.reason.endswith("falling back to Reactive")
-    assert "HTTP 503" in resolve_allocation("Auto", UNKNOWN).reason
+    assert "HTTP 503" in resolve_allocation("Auto", UNKNOWN, publishing=True).reason
 
 
-def test_offer_says_that_this_build_still_publishes_reactively() -> None:
-    assert not allocation_module.OFFER_PUBLISHING
-    resolved = resolve_allocation("Auto", SERVED)
+@pytest.mark.parametrize("publishing", [False, True])
+def test_what_is_not_served_falls_back_with_or_without_publishing(publishing: bool) -> None:
+    resolved = resolve_allocation("Auto", NONE, publishing=publishing)
+    assert resolved.mode == "Reactive"
+    assert NOT_PUBLISHING not in resolved.reason
+
+
+def test_without_offer_publishing_a_served_offer_says_it_publishes_reactively() -> None:
+    resolved = resolve_allocation("Auto", SERVED, publishing=False)
     assert resolved.reason == f"Auto: Offer served; {NOT_PUBLISHING}"
     assert resolved.mode == "Reactive"  # the column never says Offer over reactive slices
 
 
-def test_once_offer_publishing_is_enabled_offer_is_offer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(allocation_module, "OFFER_PUBLISHING", True)
-    resolved = resolve_allocation("Offer", SERVED)
-    assert (resolved.mode, resolved.reason) == ("Offer", "Offer: Offer served")
+@pytest.mark.parametrize("requested", ["Offer", "Auto"])
+def test_with_offer_publishing_a_served_offer_is_offer(requested: AllocationMode) -> None:
+    resolved = resolve_allocation(requested, SERVED, publishing=True)
+    assert (resolved.mode, resolved.reason) == ("Offer", f"{requested}: Offer served")
+    assert resolve_allocation("Reactive", SERVED, publishing=True).mode == "Reactive"
 
 
 def world(generation: int = 1, **spec: Any) -> Cluster:
@@ -113,3 +120,18 @@ async def test_offer_not_served_is_a_warning_once_per_generation() -> None:
     status = effects.statuses[-1][1]
     assert status.allocation is not None
     assert status.allocation.mode == "Reactive"
+
+
+async def test_a_dry_run_policy_offers_nothing_and_says_so() -> None:
+    effects = InMemoryEffects()
+    state = offline_state(effects)
+    state.dra = SERVED
+    state.offer_publishing = True
+    cluster = world(allocation="Offer", mode="DryRun")
+    await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
+    [(_, status)] = effects.statuses
+    assert status.allocation is not None
+    assert status.allocation.mode == "Reactive"  # its nodes publish reactively
+    assert status.allocation.reason == f"Offer: Offer served; {DRY_RUN}"
+    assert effects.events == []  # served: no OfferNotServed
+    assert not state.offers.offered("a")

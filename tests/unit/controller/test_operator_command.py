@@ -24,3 +24,14 @@ def test_withdraw_grace_must_be_seconds(value: str, capsys: pytest.CaptureFixtur
 
 def test_withdraw_grace_zero_is_allowed() -> None:
     assert parse_args(["--withdraw-grace-seconds", "0"]).withdraw_grace_seconds == 0.0
+
+
+def test_offer_publishing_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MIGPART_OFFER_PUBLISHING", raising=False)
+    assert parse_args([]).offer_publishing is False
+    assert parse_args(["--offer-publishing"]).offer_publishing is True
+    monkeypatch.setenv("MIGPART_OFFER_PUBLISHING", "true")
+    assert parse_args([]).offer_publishing is True
+    assert parse_args(["--no-offer-publishing"]).offer_publishing is False
+    monkeypatch.setenv("MIGPART_OFFER_PUBLISHING", "no")
+    assert parse_args([]).offer_publishing is False
