@@ -11,6 +11,7 @@ created and the other gets the failure condition and a Warning Event.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,14 +19,18 @@ import pytest
 from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY, placement_device_fields
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
+    LONG_LEASE_TIMEOUT_S,
     RunningOperator,
+    apply,
     claim_body,
     events,
     eventually,
     get,
     gpu_status,
     patch_status,
+    policy_body,
     put_mignode,
+    running_operator,
 )
 
 pytestmark = pytest.mark.integration
@@ -79,23 +84,44 @@ def condition(bed: Testbed, claim: str, device: str) -> dict[str, Any] | None:
     return None
 
 
+@pytest.fixture
+def offering(cluster: Testbed) -> Iterator[RunningOperator]:
+    """An operator that publishes offers (`--offer-publishing`), with an Auto policy over the
+    test's node: Offer where the API server serves it (1.36+), Reactive elsewhere."""
+    with running_operator(
+        cluster, lease_timeout_s=LONG_LEASE_TIMEOUT_S, offer_publishing=True
+    ) as running:
+        apply(cluster, policy_body("offer", {"migpart-test": "offer"}))
+        yield running
+
+
+def mode(bed: Testbed) -> str | None:
+    status = get(bed, "gpupartitionpolicy", "offer").get("status") or {}
+    return (status.get("allocation") or {}).get("mode")
+
+
 def test_an_allocated_placement_is_created_and_bound_and_an_overlapping_one_fails(
-    cluster: Testbed, operator: RunningOperator
+    cluster: Testbed, offering: RunningOperator
 ) -> None:
     node = "offer-a"
     cluster.add_node(node, {"migpart-test": "offer"})
     put_mignode(cluster, node, [gpu_status(0, [("3g.40gb", 0)])])
     for name in ("offer-c1", "offer-c2"):
         cluster.kubectl("apply", "-f", "-", input=json.dumps(claim_body(name, NAMESPACE, "true")))
+    in_effect = eventually(lambda: mode(cluster))
 
     # c1 gets 3g.40gb@4, free next to the 3g.40gb@0 that exists: the relay wants it created
     allocate_offered(cluster, "offer-c1", node, "gpu-0-3g40gb-4")
+    if not served(cluster, "offer-c1"):
+        # Kubernetes 1.34: the API server drops binding conditions (alpha gate off), the
+        # policy runs Reactive and the relay leaves the node alone; where an allocated
+        # placement does not exist, the agent creates it at NodePrepareResources (agent tests)
+        assert in_effect == "Reactive"
+        assert wanted(cluster, node) == []
+        return
+    assert in_effect == "Offer"
     eventually(lambda: wanted(cluster, node) == [("3g.40gb", 0), ("3g.40gb", 4)])
     assert condition(cluster, "offer-c1", "gpu-0-3g40gb-4") is None
-    if not served(cluster, "offer-c1"):
-        # Kubernetes 1.34: the API server drops binding conditions (alpha gate off), so
-        # kubelet prepares at once and the agent creates the placement then (agent tests)
-        return
 
     # c2 gets 7g.80gb@0 from a stale slice: it overlaps both, and nothing is dropped for it
     allocate_offered(cluster, "offer-c2", node, "gpu-0-7g80gb-0")
