@@ -184,6 +184,19 @@ def report(p: Pairs) -> None:
         on, off = med(True, attr), med(False, attr)
         ratio = on / off if off else float("nan")
         print(f"  {label:<34} on {on:8.2f}  off {off:8.2f}  on/off {ratio:5.3f}")
+    # A burst in which nodes went Stale measured an overloaded machine (the agents' Leases
+    # lapsed, and the operator took those nodes out of service and back), not election: said,
+    # with the medians over the other bursts beside the medians over all.
+    disturbed = [i + 1 for i, s in enumerate(p.samples) if s.stale]
+    if disturbed:
+        clean = [s for s in p.samples if not s.stale]
+        print(f"  disturbed bursts (nodes went Stale): {disturbed}; undisturbed bursts only:")
+        for label, attr in rows:
+            on_values = [getattr(s, attr) for s in clean if s.leader_elect]
+            off_values = [getattr(s, attr) for s in clean if not s.leader_elect]
+            if on_values and off_values:
+                on, off = statistics.median(on_values), statistics.median(off_values)
+                print(f"    {label:<32} on {on:8.2f}  off {off:8.2f}  on/off {on / off:5.3f}")
     burst = med(True, "operator_cpu_s") / med(False, "operator_cpu_s")
     idle = (med(True, "idle_before_pct") + med(True, "idle_after_pct")) / (
         med(False, "idle_before_pct") + med(False, "idle_after_pct")
