@@ -128,6 +128,21 @@ class Engine:
     def add_planner_cpu(self, seconds: float) -> None:
         self.planner_cpu_s += seconds
 
+    def longest_running(self) -> dict[str, float]:
+        """Node name -> how long its longest-running pod has run (0 where none runs): what a
+        policy holding a node for a multi-GPU request weighs (`planning.overtime`)."""
+        cluster = self.cluster
+        out: dict[str, float] = {}
+        for node, name in enumerate(cluster.names):
+            starts = [
+                self.started.get(s.holder, self.now)
+                for gpu in cluster.gpus[node]
+                for s in gpu.instances.values()
+                if s.holder is not None
+            ]
+            out[name] = self.now - min(starts, default=self.now)
+        return out
+
     # --- the loop ------------------------------------------------------------------------
 
     def run(self) -> Outcome:

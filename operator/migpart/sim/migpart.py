@@ -124,7 +124,12 @@ class Migpart:
         planned: Sequence[Request] = parsed.requests
         if self.hold_used is not None:
             self._hold = held_node(
-                parsed.snapshot, planned, self.hold_used, self._running(engine), waited, self.hold_s
+                parsed.snapshot,
+                planned,
+                self.hold_used,
+                engine.longest_running(),
+                waited,
+                self.hold_s,
             )
             if self._hold is not None:
                 planned = kept_off(planned, self._hold, cluster.names)
@@ -146,20 +151,6 @@ class Migpart:
                 for inst, state in list(gpu.instances.items()):
                     if state.ready and state.holder is None:
                         engine.destroy(held, gpu.index, inst)
-
-    def _running(self, engine: Engine) -> dict[str, float]:
-        """Node name -> how long its longest-running pod has run."""
-        cluster = engine.cluster
-        out: dict[str, float] = {}
-        for node, name in enumerate(cluster.names):
-            starts = [
-                engine.started.get(s.holder, engine.now)
-                for gpu in cluster.gpus[node]
-                for s in gpu.instances.values()
-                if s.holder is not None
-            ]
-            out[name] = engine.now - min(starts, default=engine.now)
-        return out
 
     def _held(self, engine: Engine) -> int | None:
         """The held node's index while its request still waits."""

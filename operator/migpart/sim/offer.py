@@ -125,7 +125,7 @@ class Offer:
                 _snapshot(cluster),
                 [Request(p.name, p.profiles, p.count, 0, p.nodes) for p in multi[:1]],
                 self.hold_used,
-                _running(engine),
+                engine.longest_running(),
                 {p.name: engine.now - p.arrival_s for p in multi[:1]},
                 self.hold_s,
             )
@@ -245,18 +245,3 @@ def _snapshot(cluster: SimCluster) -> Snapshot:
         for n, name in enumerate(cluster.names)
     )
     return Snapshot(nodes, {cluster.table.model: cluster.table})
-
-
-def _running(engine: Engine) -> dict[str, float]:
-    """Node name -> how long its longest-running pod has run."""
-    cluster = engine.cluster
-    out: dict[str, float] = {}
-    for node, name in enumerate(cluster.names):
-        starts = [
-            engine.started.get(s.holder, engine.now)
-            for gpu in cluster.gpus[node]
-            for s in gpu.instances.values()
-            if s.holder is not None
-        ]
-        out[name] = engine.now - min(starts, default=engine.now)
-    return out
