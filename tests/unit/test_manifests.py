@@ -81,6 +81,7 @@ OPERATOR_NEEDS = {
     ("resource.k8s.io", "resourceclaims", "watch"),
     # kube/claims.py patch_claim_devices (offer mode's binding conditions)
     ("resource.k8s.io", "resourceclaims/status", "patch"),
+    ("resource.k8s.io", "resourceclaims/driver", "arbitrary-node:patch"),  # status.devices
     # watched indexes waiting_index, nodes_index, classes_index (controller/indexes.py)
     ("", "pods", "list"),
     ("", "pods", "watch"),
@@ -95,6 +96,7 @@ OPERATOR_NEEDS = {
     ("resource.k8s.io", "resourceslices", "get"),
     ("resource.k8s.io", "resourceslices", "create"),
     ("resource.k8s.io", "resourceslices", "update"),
+    ("resource.k8s.io", "resourceslices", "delete"),  # a shrinking pool (offer mode)
     # kopf index and event handler; patch_policy_status
     (GROUP, "gpupartitionpolicies", "list"),
     (GROUP, "gpupartitionpolicies", "watch"),
