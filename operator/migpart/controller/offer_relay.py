@@ -143,7 +143,11 @@ class OfferRelay:
     # ------------------------------------------------------------ settling
 
     def settle(self, name: str) -> None:
-        """Settle node `name` soon: one task per node, an event meanwhile asks for one more."""
+        """Settle node `name` soon: one task per node, an event meanwhile asks for one more.
+        A node that does not offer has nothing to settle: no task (every allocated claim's
+        event comes here, offer publishing on or off)."""
+        if not self.offered(name):
+            return
         if name in self._tasks:
             self._again.add(name)
             return
