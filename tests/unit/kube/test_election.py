@@ -74,6 +74,37 @@ async def test_renewing_keeps_the_term_acquire_time_and_transitions() -> None:
     assert int(store.record.resource_version) == int(first.resource_version) + 5
 
 
+async def test_a_leader_renews_with_one_update_and_no_read() -> None:
+    """client-go's fast path: the holder updates the record it wrote, at its version."""
+    store, clock = InMemoryLeaseStore(), Clock()
+    a = candidate(store, "a", clock)
+    await a.try_acquire_or_renew()
+    reads, writes = store.reads, store.writes
+    for _ in range(3):
+        clock.now += 2
+        assert await a.try_acquire_or_renew()
+    assert (store.reads - reads, store.writes - writes) == (0, 3)
+
+
+async def test_a_leader_whose_lease_was_taken_falls_back_to_reading_it_and_stops() -> None:
+    """Someone wrote the Lease since the leader's last renewal (another holder, say an
+    operator that did not see it renew): the fast path's update conflicts, the read shows the
+    other holder, and the leader renews nothing and stops at its deadline."""
+    store, clock = InMemoryLeaseStore(), Clock()
+    a = candidate(store, "a", clock)
+    await a.try_acquire_or_renew()
+    term = a.current()
+    assert store.record is not None
+    store.record = replace(store.record, holder="b", resource_version="taken")
+    clock.now += 2
+    reads = store.reads
+    assert not await a.try_acquire_or_renew()
+    assert store.reads == reads + 1
+    assert store.record.holder == "b"
+    clock.now += 8.1
+    assert not a.holds(term)
+
+
 async def test_a_second_candidate_waits_a_lease_duration_of_its_own_clock() -> None:
     store = InMemoryLeaseStore()
     clock_a, clock_b = Clock(), Clock(now=-50_000.0)  # the clocks need not agree
@@ -197,10 +228,11 @@ async def test_run_ends_the_term_when_renewals_fail_past_the_deadline() -> None:
         rounds += 1
         if rounds == 3:  # the API server goes away
 
-            async def failing() -> LeaseRecord | None:
+            async def failing(*_: LeaseRecord) -> LeaseRecord | None:
                 raise ApiException(status=503, reason="unavailable")
 
             store.get = failing  # type: ignore[method-assign]
+            store.update = failing  # type: ignore[method-assign]
         if rounds == 12:
             raise asyncio.CancelledError
 
