@@ -124,13 +124,12 @@ def test_an_nvml_error_at_create_sends_the_pod_to_another_node(
     assert instances(scenario, failing) == {}
     assert created(scenario, failing) == []
     assert agent_log(scenario, failing, "mig_instance_destroyed") == []
+    # ... though it was tried there first
     failed = scenario.mignode(failing)["status"].get("failedInstances") or []
+    assert [(f["profile"], f["start"], f["reason"]) for f in failed] == [(WHOLE, 0, "NvmlError")]
+    assert agent_log(scenario, failing, "mig_instance_create_failed")
     if SERVED:
-        # allocated there first, failed there, sent back, and not offered there again
-        assert [(f["profile"], f["start"], f["reason"]) for f in failed] == [
-            (WHOLE, 0, "NvmlError")
-        ]
-        assert agent_log(scenario, failing, "mig_instance_create_failed")
+        # allocated there first, failed, sent back, and not offered there again
         warnings = events(scenario, "NvmlError")
         assert warnings, "no NvmlError Warning on the claim"
         for event in warnings:
@@ -138,11 +137,19 @@ def test_an_nvml_error_at_create_sends_the_pod_to_another_node(
             assert event["involvedObject"]["kind"] == "ResourceClaim"
             assert event["message"].startswith(f"{WHOLE_DEVICE} on node {failing}: ")
         assert WHOLE_DEVICE not in offered(scenario, failing)
+        # on the healthy node: the offered placement, made ready by the relay; or, where the
+        # attempt that deallocated the claim marked the pod Unschedulable, the instance a
+        # round made there first, which needs no binding condition
         claim = claim_of(scenario, "p1")
         [result] = claim["status"]["allocation"]["devices"]["results"]
-        assert result["bindingConditions"] == [INSTANCE_READY]
-        assert ready(claim)
+        if result.get("bindingConditions"):
+            assert result["bindingConditions"] == [INSTANCE_READY]
+            assert ready(claim)
+        attempts = sum(int(e.get("count") or 1) for e in warnings)
+        how = "an offered placement" if result.get("bindingConditions") else "a round's instance"
+        print(f"failed on {failing} {attempts}x, served on {healthy} by {how}")  # pytest -rA
     else:
+        # planned there first (the first node on ties), then, the create failed, elsewhere
         assert scenario.get("gpp", scenario.pool)["status"]["allocation"]["mode"] == "Reactive"
 
 
