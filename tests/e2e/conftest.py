@@ -23,6 +23,7 @@ import pytest
 
 from migpart.demo.cluster import LocalCluster
 from migpart.testbed import Testbed
+from migpart.testbed.build import kube_version
 from migpart.testbed.kubelet import RUN_SECONDS_ENV
 from migpart.testing.builders import POOL_LABEL, ClaimBuilder, PodBuilder, PolicyBuilder
 from migpart.testing.invariants import DestroyedWhileAllocated
@@ -35,6 +36,10 @@ H100 = "NVIDIA H100 80GB HBM3"
 # 15 s (renewed every 3 s) makes the node unavailable first (test_kubelet.py).
 LEASE_TIMEOUT_S = 15
 H200 = "NVIDIA H200"
+# Offer mode (docs/offer-mode.md): partitionable devices and binding conditions are on by
+# default from 1.36 (kube_features.go); the testbed sets no feature gates.
+SERVED = tuple(int(p) for p in kube_version().split(".")[:2]) >= (1, 36)
+OPERATOR_FLAGS = ("--lease-timeout-seconds", str(LEASE_TIMEOUT_S))
 _ids = itertools.count(1)
 
 
@@ -58,11 +63,24 @@ def cluster(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Itera
         ],
     )
     local.install()
-    local.start_operator("--lease-timeout-seconds", str(LEASE_TIMEOUT_S))
+    local.start_operator(*OPERATOR_FLAGS)
     try:
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture
+def offering(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The suite's operator, started again with `--offer-publishing` for the test (and again
+    without it after)."""
+    cluster.stop_operator()
+    cluster.start_operator(*OPERATOR_FLAGS, "--offer-publishing")
+    try:
+        yield cluster
+    finally:
+        cluster.stop_operator()
+        cluster.start_operator(*OPERATOR_FLAGS)
 
 
 class InvariantMonitor(threading.Thread):
@@ -106,11 +124,17 @@ class Scenario:
         return self.cluster.testbed
 
     def add_node(
-        self, gpus: str, sim_latency_ms: float = 0.0, labels: dict[str, str] | None = None
+        self,
+        gpus: str,
+        sim_latency_ms: float = 0.0,
+        labels: dict[str, str] | None = None,
+        agent_args: tuple[str, ...] = (),
     ) -> str:
+        """A node of this test's pool, named `<pool>-n<k>` in the order added; `agent_args`
+        are added to its agent's flags (e.g. `--sim-faults`)."""
         name = f"{self.pool}-n{len(self.nodes) + 1}"
         labels = {POOL_LABEL: self.pool, **(labels or {})}
-        self.cluster.add_gpu_node(name, gpus, labels, sim_latency_ms)
+        self.cluster.add_gpu_node(name, gpus, labels, sim_latency_ms, extra_args=agent_args)
         self.nodes.append(name)
         self.cluster.wait_for(f"MigNode {name} inventory", lambda: bool(self.gpus(name)))
         return name
@@ -138,13 +162,33 @@ class Scenario:
         out = self.tb.kubectl("get", "mignode", node, "-o", "json", check=False)
         return list((json.loads(out).get("status") or {}).get("gpus", [])) if out else []
 
-    def pod(self, name: str, selector: str, count: int = 1, run_s: float | None = None) -> None:
+    def pod(
+        self,
+        name: str,
+        selector: str,
+        count: int = 1,
+        run_s: float | None = None,
+        prefer: dict[str, str] | None = None,
+    ) -> None:
         """A pod with a claim template of `count` MIG devices matching the CEL `selector`.
-        Its container runs until the pod is deleted, or exits after `run_s` seconds."""
+        Its container runs until the pod is deleted, or exits after `run_s` seconds. With
+        `prefer`, kube-scheduler scores the nodes with these labels first (preferred node
+        affinity), where several fit."""
         template = ClaimBuilder(name, self.namespace).request(selector, count=count).template()
         # this test's nodes only: earlier tests' free devices must not serve it
         pod = PodBuilder(name, self.namespace).claim_template(name).ends()
         pod.node_selector({POOL_LABEL: self.pool})
+        if prefer:
+            terms = [{"key": k, "operator": "In", "values": [v]} for k, v in prefer.items()]
+            pod.spec(
+                affinity={
+                    "nodeAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 100, "preference": {"matchExpressions": terms}}
+                        ]
+                    }
+                }
+            )
         if run_s is not None:
             pod.env(RUN_SECONDS_ENV, str(run_s))
         self.tb.kubectl(

@@ -12,34 +12,15 @@ the same policy falls back to Reactive and the same pod is served reactively, th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from migpart.demo.cluster import LocalCluster
 from migpart.dra import DRIVER, INSTANCE_READY
-from migpart.testbed.build import kube_version
-from tests.e2e.conftest import H100, LEASE_TIMEOUT_S, Scenario
+from tests.e2e.conftest import H100, SERVED, Scenario
 
 pytestmark = pytest.mark.e2e
-
-# On by default from 1.36 (kube_features.go); the testbed sets no feature gates.
-SERVED = tuple(int(p) for p in kube_version().split(".")[:2]) >= (1, 36)
-OPERATOR_FLAGS = ("--lease-timeout-seconds", str(LEASE_TIMEOUT_S))
-
-
-@pytest.fixture
-def offering(cluster: LocalCluster) -> Iterator[LocalCluster]:
-    """The suite's operator, started again with `--offer-publishing` for the test (and again
-    without it after)."""
-    cluster.stop_operator()
-    cluster.start_operator(*OPERATOR_FLAGS, "--offer-publishing")
-    try:
-        yield cluster
-    finally:
-        cluster.stop_operator()
-        cluster.start_operator(*OPERATOR_FLAGS)
 
 
 def by_profile(profile: str) -> str:

@@ -310,7 +310,14 @@ class PolicyRound:
         )
         offering = acting(resolved, policy.spec.mode).mode == "Offer"
         offer = NodeOffer(self.name, policy.spec.policy_view()) if offering else None
-        self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
+        changed = self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
+        relay = self.state.relay
+        if offering and relay is not None:
+            # An operator that starts or takes over lists the claims before its first round
+            # says which nodes offer: an allocation made while it was down would wait for the
+            # next event of its claim or node (none comes while the pod waits in PreBind).
+            for name in changed:
+                relay.node_changed(name)
         return offering
 
     def served_by_offer(self, scope: Scope) -> Scope:

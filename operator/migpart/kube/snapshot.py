@@ -8,6 +8,10 @@ on the node, or that any ResourceClaim's allocation names (the scheduler may all
 the agent prepares). In offer mode an allocation may name a placement that no spec lists yet
 (the relay, `controller/relay.py`, is adding it): it counts as a used instance of its GPU as
 well, where it fits next to the others, so that no plan takes its memory slices meanwhile.
+A desired instance the agent reports it could not create (`status.failedInstances`: an NVML
+error, an overlap) counts as used too while the failure lasts: no plan hands the pending claim
+it was planned for to an instance that is not there, so the claim is planned elsewhere, and no
+plan takes its place while the agent retries it.
 """
 
 from __future__ import annotations
@@ -29,14 +33,18 @@ def gpu_state(
     gpu: GpuStatus,
     desired: frozenset[Instance] | None,
     allocated: frozenset[DeviceId],
+    failed: frozenset[Instance] = frozenset(),
 ) -> GpuState:
     """One GPU's current layout for the planner (see the module docstring); `desired` is
-    None where the spec wants nothing of this GPU."""
+    None where the spec wants nothing of this GPU; `failed`: the instances of the GPU the
+    agent reports it could not create."""
     actual = {Instance(i.profile, i.start): i for i in gpu.instances}
 
     def used(key: Instance) -> bool:
         inst = actual.get(key)
         if inst is not None and inst.state != "Free":
+            return True
+        if inst is None and key in failed:
             return True
         return DeviceId.of(name, gpu.index, key.profile, key.start) in allocated
 
@@ -84,12 +92,16 @@ def node_state(
     planned = node.desired()
     gpus: list[GpuState] = []
     tables: dict[str, ModelTable] = {}
+    failed: dict[int, set[Instance]] = {}
+    for f in node.status.failed_instances:
+        failed.setdefault(f.gpu, set()).add(Instance(f.profile, f.start))
     for gpu in sorted(node.status.gpus, key=lambda g: g.index):
         if not gpu.mig_enabled:
             continue
         if gpu.profiles and gpu.model not in tables:
             tables[gpu.model] = gpu.table()
-        gpus.append(gpu_state(name, gpu, planned.get(gpu.index), allocated))
+        refused = frozenset(failed.get(gpu.index, ()))
+        gpus.append(gpu_state(name, gpu, planned.get(gpu.index), allocated, refused))
     return (NodeState(name=name, gpus=tuple(gpus)) if gpus else None), tables
 
 

@@ -298,6 +298,27 @@ async def test_a_failed_placement_is_published_tainted_before_the_claim_is_faile
     assert written[0]["conditions"][0]["type"] == INSTANCE_FAILED
 
 
+async def test_a_claim_allocated_before_its_node_offered_is_relayed_when_it_does() -> None:
+    """An operator that starts or takes over lists the claims before its first round says
+    which nodes offer: an allocation made while it was down is relayed when the round does,
+    with no other event of the claim or the node (its pod waits in PreBind)."""
+    body = node_body(5, None)
+    world_ = RelayCluster(body)
+    state = world_.state
+    state.dra, state.offer_publishing = SERVED, True
+    state.offers = Offers()
+    state.relay = relay = OfferRelay(state, state.offers.offered)
+    relay.claims_listed([offered("c1", "gpu-0-3g40gb-4")])
+    await relay.idle()
+    assert world_.effects.specs == []  # no node offers yet
+    await run(state, world({"a": body}, allocation="Offer"))
+    await relay.idle()
+    assert world_.wanted() == [("3g.40gb", 4)]
+    await run(state, world({"a": body}, allocation="Offer"))  # the offer did not change
+    await relay.idle()
+    assert len(world_.effects.specs) == 1
+
+
 async def test_the_relay_leaves_a_node_that_does_not_offer_alone() -> None:
     world_ = RelayCluster(node_body(5, None))
     offers = Offers()
