@@ -38,8 +38,8 @@ import pytest
 from migpart.demo.cluster import LocalCluster
 from migpart.mig import device_name
 from migpart.offer_content import WITHDRAWN_TAINT
-from tests.e2e.conftest import H100, Scenario, wait_s
-from tests.e2e.test_offer_mode import OPERATOR_FLAGS, SERVED, by_profile, pool_devices, reasons
+from tests.e2e.conftest import H100, OPERATOR_FLAGS, SERVED, Scenario, wait_s
+from tests.e2e.test_offer_mode import by_profile, pool_devices, reasons
 
 pytestmark = pytest.mark.e2e
 
