@@ -1,5 +1,5 @@
 """bench/scale.py's harness: one size from a fresh testbed to its Result (the agents, the
-operator, the burst, the baseline burst)."""
+operator, the burst, the baseline burst), in reactive or offer mode (bench/scale_offer.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from kubernetes_asyncio.client import (
     ResourceV1Api,
 )
 
+import scale_offer  # bench/, next to this script
 from migpart.api.leases import LEASE_NAMESPACE
 from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
@@ -124,6 +125,16 @@ class Size:
         self.check_alive()
         return 100.0 * (cpu_seconds(pid) - before) / float(self.args.idle_s)
 
+    @property
+    def offering(self) -> bool:
+        """Offer mode (`--allocation offer`): the operator publishes offers, the policies ask
+        for them."""
+        return bool(self.args.allocation == "offer")
+
+    def on_claim(self, kind: str, obj: dict[str, Any]) -> None:
+        self.monitor.on_claim(kind, obj)
+        self.tracker.on_claim(kind, obj)
+
     def cpu_all(self) -> dict[str, float]:
         pids = {**self.testbed.pids(), "agents": self.children.pid("agents")}
         pids["operator"] = self.children.pid("operator")
@@ -160,7 +171,7 @@ class Size:
                     follow(custom.list_cluster_custom_object, monitor.on_mignode, *MIGNODES)
                 ),
                 asyncio.create_task(
-                    follow(res.list_namespaced_resource_claim, monitor.on_claim, NAMESPACE)
+                    follow(res.list_namespaced_resource_claim, self.on_claim, NAMESPACE)
                 ),
                 asyncio.create_task(
                     follow(
@@ -200,6 +211,9 @@ class Size:
         started = time.monotonic()
         await self.create_policies(custom)
         operator = await self.start_operator(self.args.leader_elect)
+        if self.offering:
+            await scale_offer.offer(self, custom, res)
+            await self.quiet(operator, 60 + 0.3 * self.nodes)
         self.setup_s["operator"] = time.monotonic() - started
         idle_before = await self.idle_pct(operator)
 
@@ -218,6 +232,8 @@ class Size:
         baseline = None
         if self.args.baseline and tracker.all_bound.is_set():
             await self.clear(core, res)
+            if self.offering:
+                await scale_offer.publish_reactively(self, custom, res)
             await self.quiet(operator, 60.0)
             again = [replace(p, name="b" + p.name[1:]) for p in pods]
             baseline = await self.burst(core, res, again, operator)
@@ -246,6 +262,7 @@ class Size:
             created_s=burst.created_s,
             first=burst,
             baseline=baseline,
+            allocation=self.args.allocation,
         )
 
     async def start_agents(self) -> int:
@@ -288,7 +305,7 @@ class Size:
                     GROUP,
                     VERSION,
                     POLICY_PLURAL,
-                    policy_body(pool, self.nodes // 2),
+                    policy_body(pool, self.nodes // 2, "Offer" if self.offering else None),
                     _preload_content=False,
                 )
             )
@@ -308,6 +325,7 @@ class Size:
                 "--metrics-port",
                 "0",
                 "--leader-elect" if leader_elect else "--no-leader-elect",
+                *(["--offer-publishing"] if self.offering else []),
             ],
         )
         await asyncio.sleep(QUIET_WINDOW_S)  # let it get going before asking if it is quiet
