@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import secrets
@@ -46,6 +47,7 @@ from scale_cluster import (  # bench/, next to this script
     POOLS,
     QUIET_CORES,
     QUIET_WINDOW_S,
+    ApiError,
     Children,
     LeaseGaps,
     Monitor,
@@ -369,17 +371,13 @@ class Size:
     async def clear(self, core: Any, res: Any) -> None:
         """Delete every pod (grace 0: no kubelet runs them) and claim of the burst, and wait
         until they are gone (the claims' finalizers wait for kube-controller-manager to
-        release them). Their instances stay: nothing is pending, so nothing is destroyed."""
-        await raw(
-            core.delete_collection_namespaced_pod(
-                NAMESPACE, grace_period_seconds=0, _preload_content=False
-            )
-        )
-        await raw(
-            res.delete_collection_namespaced_resource_claim(NAMESPACE, _preload_content=False)
-        )
+        release them). Their instances stay: nothing is pending, so nothing is destroyed.
+        A deletion the API server did not finish in time (504 on a loaded machine) is asked
+        for again every 10 s while anything is left."""
         deadline = time.monotonic() + 120 + 0.1 * self.tracker.expected
-        while True:
+        for turn in itertools.count():
+            if turn % 10 == 0:
+                await _delete_all(core, res)
             pods = await raw(core.list_namespaced_pod(NAMESPACE, limit=1, _preload_content=False))
             claims = await raw(
                 res.list_namespaced_resource_claim(NAMESPACE, limit=1, _preload_content=False)
@@ -390,6 +388,22 @@ class Size:
             if time.monotonic() > deadline:
                 raise TimeoutError("timed out deleting the burst's pods and claims")
             await asyncio.sleep(1.0)
+
+
+async def _delete_all(core: Any, res: Any) -> None:
+    """Delete every pod (grace 0) and claim of the namespace; a transient error (the API
+    server timed out, the deletion goes on) is left to the caller's next try."""
+    for call in (
+        lambda: core.delete_collection_namespaced_pod(
+            NAMESPACE, grace_period_seconds=0, _preload_content=False
+        ),
+        lambda: res.delete_collection_namespaced_resource_claim(NAMESPACE, _preload_content=False),
+    ):
+        try:
+            await raw(call())
+        except ApiError as err:
+            if not err.transient:
+                raise
 
 
 @contextlib.contextmanager
