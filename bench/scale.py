@@ -39,10 +39,19 @@ kube-controller-manager on loopback; the binary is cached) and:
    alone may take longer than an absolute target; the ratio and the seconds migpart adds
    are what carry over to other machines.
 
+With `--allocation offer` (bench/scale_offer.py) the same run is made in offer mode: the
+operator with `--offer-publishing`, the policies with `allocation: Offer`, the burst started
+once every node's pool offers placements (a testbed that does not serve offer mode, 1.34 and
+1.35, stops the run, saying so); pods are allocated offered placements at once and bound once
+the instance exists. The baseline runs with the policies switched to Reactive, so that only
+the burst's instances are published. It adds how many claims the offer served and how many pods
+went Unschedulable, by request kind, and the target: at 1,000 nodes with kube-scheduler's
+default API QPS, every pod bound within 1.1 x the baseline's time.
+
 One line per size, then the growth between sizes and the targets (met or NOT met; a
 benchmark prints, it does not assert). Usage: `python bench/scale.py [--sizes 100,300,1000]
-[--latency-ms 0] [--pods-per-node 2] [--timeout-s 180]`; `make bench-scale` runs 100, 300 and
-1,000 nodes.
+[--latency-ms 0] [--pods-per-node 2] [--timeout-s 180] [--allocation reactive|offer]`;
+`make bench-scale` runs 100, 300 and 1,000 nodes.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ import sys
 from signal import SIGINT, SIGTERM
 from typing import Any
 
+import scale_offer  # bench/, next to this script
 import scale_pairs  # bench/, next to this script
 from migpart.testbed import build
 from scale_cluster import (  # bench/, next to this script
@@ -66,6 +76,14 @@ from scale_report import growth, report, targets  # bench/, next to this script
 from scale_run import run_size  # bench/, next to this script
 
 # ---------------------------------------------------------------- main
+
+MODES = {
+    "reactive": "allocation: reactive (the operator without --offer-publishing: a pod whose "
+    "instance does not exist yet fails scheduling once, then a round creates it)",
+    "offer": "allocation: offer (the operator with --offer-publishing, policies allocation: "
+    "Offer: kube-scheduler allocates offered placements at once, PreBind waits for "
+    "instance-ready; the baseline with the policies switched to Reactive)",
+}
 
 
 def sizes(text: str) -> list[int]:
@@ -109,12 +127,22 @@ def main() -> int:
         "(bench/scale_pairs.py)",
     )
     p.add_argument(
+        "--allocation",
+        choices=("reactive", "offer"),
+        default="reactive",
+        help="reactive: the operator as deployed by default (a pod whose instance does not "
+        "exist fails scheduling once, then a round creates it); offer: the operator with "
+        "--offer-publishing and policies with allocation: Offer (needs Kubernetes 1.36+)",
+    )
+    p.add_argument(
         "--no-baseline",
         dest="baseline",
         action="store_false",
         help="skip the baseline burst (the same pods again once every instance exists)",
     )
     args = p.parse_args()
+    if args.election_pairs > 0 and args.allocation != "reactive":
+        p.error("--election-pairs measures reactive mode only")
 
     def interrupted(signum: int, _: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -133,17 +161,26 @@ def main() -> int:
         f" (nice {AGENTS_NICE} where permitted: they stand for machines of their own)",
         flush=True,
     )
+    print(MODES[args.allocation], flush=True)
     if args.election_pairs > 0:
         for nodes in args.sizes:
             scale_pairs.report(run_size(nodes, args, binary, body=scale_pairs.body))
         return 0
     results = []
     for nodes in args.sizes:
-        result = run_size(nodes, args, binary)
+        try:
+            result = run_size(nodes, args, binary)
+        except scale_offer.OfferNotServed as error:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            return 2
         report(result)
+        if args.allocation == "offer":
+            scale_offer.report(result)
         results.append(result)
     growth(results)
     targets(results)
+    if args.allocation == "offer":
+        scale_offer.target(results, args.scheduler_qps)
     return 0
 
 

@@ -23,6 +23,7 @@ import aiohttp
 
 from migpart.api.leases import LEASE_DURATION_S, lease_node
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
+from migpart.dra import INSTANCE_READY, awaiting_binding
 from migpart.testbed import Testbed
 from migpart.testbed.run import ready_node_status, terminate_all
 from migpart.testing.builders import (
@@ -104,6 +105,13 @@ class PodPlan:
     same_gpu: bool
     zone: str | None
 
+    @property
+    def kind(self) -> str:
+        """What its claim asks for, as the report names it."""
+        if self.same_gpu:
+            return "two on one GPU"
+        return "two devices" if self.count == 2 else "one device"
+
 
 def workload(m: int, seed: int = SEED) -> list[PodPlan]:
     """The burst's M pods: 80 % one device, 10 % two, 10 % two on one GPU; a tenth with a
@@ -136,9 +144,17 @@ def pod_body(p: PodPlan) -> dict[str, Any]:
     return pod.spec(terminationGracePeriodSeconds=0).obj()
 
 
-def policy_body(pool: str, nodes: int) -> dict[str, Any]:
-    policy = PolicyBuilder(f"pool-{pool}").spec(mode="Active").pool({POOL_LABEL: pool})
+def policy_name(pool: str) -> str:
+    return f"pool-{pool}"
+
+
+def policy_body(pool: str, nodes: int, allocation: str | None = None) -> dict[str, Any]:
+    """The policy of one pool; `allocation` (Offer, Reactive) is left out unless given: the
+    policy's default, Auto, runs Reactive unless the operator publishes offers."""
+    policy = PolicyBuilder(policy_name(pool)).spec(mode="Active").pool({POOL_LABEL: pool})
     reconfiguration = {"batchWindowSeconds": 1, "maxConcurrentNodes": max(1, min(1024, nodes))}
+    if allocation is not None:
+        policy.spec(allocation=allocation)
     return policy.spec(reconfiguration=reconfiguration).obj()
 
 
@@ -350,28 +366,40 @@ class LeaseGaps:
 @dataclass
 class Tracker:
     """Follows the burst's pods: when each was created (client side, just before the call),
-    first marked Unschedulable, and bound."""
+    first marked Unschedulable, and bound; and which claims (named as their pods) were
+    allocated a placement not created yet (offer mode: devices with binding conditions)."""
 
     expected: int
     created: dict[str, float] = field(default_factory=dict)
     unschedulable: dict[str, float] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
     all_bound: asyncio.Event = field(default_factory=asyncio.Event)
+    plans: dict[str, PodPlan] = field(default_factory=dict)
+    offered: set[str] = field(default_factory=set)
+    # pod -> the first other reason of PodScheduled=False (e.g. a binding that failed)
+    not_scheduled: dict[str, str] = field(default_factory=dict)
 
     def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         if name not in self.created or kind == "DELETED":
             return  # a pod of another burst
         now = time.monotonic()
-        if name not in self.unschedulable and any(
-            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
-            for c in (obj.get("status") or {}).get("conditions", [])
-        ):
-            self.unschedulable[name] = now
+        for c in (obj.get("status") or {}).get("conditions", []):
+            if c.get("type") != "PodScheduled" or c.get("status") != "False":
+                continue
+            if c.get("reason") == "Unschedulable":
+                self.unschedulable.setdefault(name, now)
+            else:
+                self.not_scheduled.setdefault(name, str(c.get("reason")))
         if name not in self.bound and (obj.get("spec") or {}).get("nodeName"):
             self.bound[name] = now
             if len(self.bound) >= self.expected:
                 self.all_bound.set()
+
+    def on_claim(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if name in self.created and kind != "DELETED" and awaiting_binding(obj):
+            self.offered.add(name)
 
     def delays(self, stamps: dict[str, float]) -> list[float]:
         return [stamps[n] - t0 for n, t0 in self.created.items() if n in stamps]
@@ -412,18 +440,34 @@ async def create_pod(core: Any, res: Any, p: PodPlan, tracker: Tracker) -> None:
         res.create_namespaced_resource_claim(NAMESPACE, claim_body(p), _preload_content=False)
     )
     tracker.created[p.name] = time.monotonic()
+    tracker.plans[p.name] = p
     await raw(core.create_namespaced_pod(NAMESPACE, pod_body(p), _preload_content=False))
 
 
+def not_created_yet(claim: dict[str, Any]) -> set[tuple[str, str]]:
+    """(node, device) of the claim's placements whose instance the operator has not reported
+    ready (offer mode: allocated before they exist, so not missing)."""
+    ready = {
+        (str(d.get("pool")), str(d.get("device")))
+        for d in (claim.get("status") or {}).get("devices") or []
+        if any(
+            c.get("type") == INSTANCE_READY and c.get("status") == "True"
+            for c in d.get("conditions") or []
+        )
+    }
+    return {(d.pool, d.device) for d in awaiting_binding(claim)} - ready
+
+
 async def missing_at_end(res: Any, custom: Any) -> list[str]:
-    """Allocated devices that are not in their node's MigNode status now."""
+    """Allocated devices that are not in their node's MigNode status now (placements not
+    reported ready yet aside)."""
     claims = await raw(res.list_namespaced_resource_claim(NAMESPACE, _preload_content=False))
     mignodes = await raw(custom.list_cluster_custom_object(*MIGNODES, _preload_content=False))
     present = {m["metadata"]["name"]: present_devices(m) for m in mignodes["items"]}
     return sorted(
         f"{node}/{device} (claim {c['metadata']['name']})"
         for c in claims["items"]
-        for node, device in allocated_devices(c)
+        for node, device in allocated_devices(c) - not_created_yet(c)
         if device not in present.get(node, set())
     )
 

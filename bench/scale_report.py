@@ -71,6 +71,7 @@ class Result:
     first: Burst  # migpart's burst (the figures above are its)
     # the same pods once more, every instance they need already there (None: not run)
     baseline: Burst | None
+    allocation: str = "reactive"  # or "offer" (bench/scale_offer.py)
 
     @property
     def gpus(self) -> int:

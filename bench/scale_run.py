@@ -1,11 +1,12 @@
 """bench/scale.py's harness: one size from a fresh testbed to its Result (the agents, the
-operator, the burst, the baseline burst)."""
+operator, the burst, the baseline burst), in reactive or offer mode (bench/scale_offer.py)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import secrets
@@ -30,6 +31,7 @@ from kubernetes_asyncio.client import (
     ResourceV1Api,
 )
 
+import scale_offer  # bench/, next to this script
 from migpart.api.leases import LEASE_NAMESPACE
 from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
@@ -45,6 +47,7 @@ from scale_cluster import (  # bench/, next to this script
     POOLS,
     QUIET_CORES,
     QUIET_WINDOW_S,
+    ApiError,
     Children,
     LeaseGaps,
     Monitor,
@@ -124,6 +127,16 @@ class Size:
         self.check_alive()
         return 100.0 * (cpu_seconds(pid) - before) / float(self.args.idle_s)
 
+    @property
+    def offering(self) -> bool:
+        """Offer mode (`--allocation offer`): the operator publishes offers, the policies ask
+        for them."""
+        return bool(self.args.allocation == "offer")
+
+    def on_claim(self, kind: str, obj: dict[str, Any]) -> None:
+        self.monitor.on_claim(kind, obj)
+        self.tracker.on_claim(kind, obj)
+
     def cpu_all(self) -> dict[str, float]:
         pids = {**self.testbed.pids(), "agents": self.children.pid("agents")}
         pids["operator"] = self.children.pid("operator")
@@ -160,7 +173,7 @@ class Size:
                     follow(custom.list_cluster_custom_object, monitor.on_mignode, *MIGNODES)
                 ),
                 asyncio.create_task(
-                    follow(res.list_namespaced_resource_claim, monitor.on_claim, NAMESPACE)
+                    follow(res.list_namespaced_resource_claim, self.on_claim, NAMESPACE)
                 ),
                 asyncio.create_task(
                     follow(
@@ -200,6 +213,9 @@ class Size:
         started = time.monotonic()
         await self.create_policies(custom)
         operator = await self.start_operator(self.args.leader_elect)
+        if self.offering:
+            await scale_offer.offer(self, custom, res)
+            await self.quiet(operator, 60 + 0.3 * self.nodes)
         self.setup_s["operator"] = time.monotonic() - started
         idle_before = await self.idle_pct(operator)
 
@@ -218,6 +234,8 @@ class Size:
         baseline = None
         if self.args.baseline and tracker.all_bound.is_set():
             await self.clear(core, res)
+            if self.offering:
+                await scale_offer.publish_reactively(self, custom, res)
             await self.quiet(operator, 60.0)
             again = [replace(p, name="b" + p.name[1:]) for p in pods]
             baseline = await self.burst(core, res, again, operator)
@@ -246,6 +264,7 @@ class Size:
             created_s=burst.created_s,
             first=burst,
             baseline=baseline,
+            allocation=self.args.allocation,
         )
 
     async def start_agents(self) -> int:
@@ -288,7 +307,7 @@ class Size:
                     GROUP,
                     VERSION,
                     POLICY_PLURAL,
-                    policy_body(pool, self.nodes // 2),
+                    policy_body(pool, self.nodes // 2, "Offer" if self.offering else None),
                     _preload_content=False,
                 )
             )
@@ -308,6 +327,7 @@ class Size:
                 "--metrics-port",
                 "0",
                 "--leader-elect" if leader_elect else "--no-leader-elect",
+                *(["--offer-publishing"] if self.offering else []),
             ],
         )
         await asyncio.sleep(QUIET_WINDOW_S)  # let it get going before asking if it is quiet
@@ -351,17 +371,13 @@ class Size:
     async def clear(self, core: Any, res: Any) -> None:
         """Delete every pod (grace 0: no kubelet runs them) and claim of the burst, and wait
         until they are gone (the claims' finalizers wait for kube-controller-manager to
-        release them). Their instances stay: nothing is pending, so nothing is destroyed."""
-        await raw(
-            core.delete_collection_namespaced_pod(
-                NAMESPACE, grace_period_seconds=0, _preload_content=False
-            )
-        )
-        await raw(
-            res.delete_collection_namespaced_resource_claim(NAMESPACE, _preload_content=False)
-        )
+        release them). Their instances stay: nothing is pending, so nothing is destroyed.
+        A deletion the API server did not finish in time (504 on a loaded machine) is asked
+        for again every 10 s while anything is left."""
         deadline = time.monotonic() + 120 + 0.1 * self.tracker.expected
-        while True:
+        for turn in itertools.count():
+            if turn % 10 == 0:
+                await _delete_all(core, res)
             pods = await raw(core.list_namespaced_pod(NAMESPACE, limit=1, _preload_content=False))
             claims = await raw(
                 res.list_namespaced_resource_claim(NAMESPACE, limit=1, _preload_content=False)
@@ -372,6 +388,22 @@ class Size:
             if time.monotonic() > deadline:
                 raise TimeoutError("timed out deleting the burst's pods and claims")
             await asyncio.sleep(1.0)
+
+
+async def _delete_all(core: Any, res: Any) -> None:
+    """Delete every pod (grace 0) and claim of the namespace; a transient error (the API
+    server timed out, the deletion goes on) is left to the caller's next try."""
+    for call in (
+        lambda: core.delete_collection_namespaced_pod(
+            NAMESPACE, grace_period_seconds=0, _preload_content=False
+        ),
+        lambda: res.delete_collection_namespaced_resource_claim(NAMESPACE, _preload_content=False),
+    ):
+        try:
+            await raw(call())
+        except ApiError as err:
+            if not err.transient:
+                raise
 
 
 @contextlib.contextmanager
