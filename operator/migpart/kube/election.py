@@ -342,12 +342,7 @@ class LeaderElector:
             written = await self.store.update(record)
         except Conflict:
             return False
-        if leading and not self.holds(self._term):
-            # renewed, but only after the deadline (the process stalled with the request in
-            # flight): the term is over; the next attempt begins a new one, with a new token
-            self._lost("the renewal came back after the renew deadline")
-            return False
-        return self._won(written, started)
+        return self._renewed(written, started) if leading else self._won(written, started)
 
     async def _renew_as_written(self, started: float, now: str) -> bool | None:
         """client-go's fast path for a leader: update the record it last wrote, at that
@@ -368,10 +363,16 @@ class LeaderElector:
             renewed = await self.store.update(replace(written, renew_time=now))
         except Conflict:
             return None
-        if not self.holds(term):
+        return self._renewed(renewed, started)
+
+    def _renewed(self, written: LeaseRecord, started: float) -> bool:
+        """The leader's renewal `written`, begun at `started`, came back."""
+        if not self.holds(self._term):
+            # renewed, but only after the deadline (the process stalled with the request in
+            # flight): the term is over; the next attempt begins a new one, with a new token
             self._lost("the renewal came back after the renew deadline")
             return False
-        return self._won(renewed, started)
+        return self._won(written, started)
 
     def _observe(self, record: LeaseRecord, at: float) -> None:
         self._record = record
