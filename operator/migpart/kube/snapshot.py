@@ -28,12 +28,15 @@ def node_name(node: MigNode) -> str:
     return str(node.metadata.get("name", ""))
 
 
+NONE_FAILED: frozenset[Instance] = frozenset()
+
+
 def gpu_state(
     name: str,
     gpu: GpuStatus,
     desired: frozenset[Instance] | None,
     allocated: frozenset[DeviceId],
-    failed: frozenset[Instance] = frozenset(),
+    failed: frozenset[Instance] = NONE_FAILED,
 ) -> GpuState:
     """One GPU's current layout for the planner (see the module docstring); `desired` is
     None where the spec wants nothing of this GPU; `failed`: the instances of the GPU the
@@ -92,15 +95,15 @@ def node_state(
     planned = node.desired()
     gpus: list[GpuState] = []
     tables: dict[str, ModelTable] = {}
-    failed: dict[int, set[Instance]] = {}
-    for f in node.status.failed_instances:
-        failed.setdefault(f.gpu, set()).add(Instance(f.profile, f.start))
+    failed: dict[int, frozenset[Instance]] = {}
+    for f in node.status.failed_instances:  # usually none: then no set is made per GPU
+        failed[f.gpu] = failed.get(f.gpu, NONE_FAILED) | {Instance(f.profile, f.start)}
     for gpu in sorted(node.status.gpus, key=lambda g: g.index):
         if not gpu.mig_enabled:
             continue
         if gpu.profiles and gpu.model not in tables:
             tables[gpu.model] = gpu.table()
-        refused = frozenset(failed.get(gpu.index, ()))
+        refused = failed.get(gpu.index, NONE_FAILED)
         gpus.append(gpu_state(name, gpu, planned.get(gpu.index), allocated, refused))
     return (NodeState(name=name, gpus=tuple(gpus)) if gpus else None), tables
 
