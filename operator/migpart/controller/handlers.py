@@ -53,11 +53,14 @@ from migpart.kube.election import (
     LEASE_NAME,
     RENEW_DEADLINE_S,
     RETRY_PERIOD_S,
+    ElectionThread,
     KubeLeaseStore,
     LeaderElector,
     Leadership,
+    LeaseStore,
     Term,
     Unelected,
+    UnopenedLeaseStore,
     new_identity,
     user_agent,
 )
@@ -138,7 +141,7 @@ async def startup(
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     api, credentials = await open_client(config.kubeconfig)
-    elector = _elector(config, api)
+    elector = _elector(config)
     leadership: Leadership = elector if elector is not None else Unelected()
     if elector is not None:
         # the identity in every request's user agent, so in each write's managedFields manager
@@ -203,7 +206,7 @@ async def startup(
     ]
     if elector is not None:
         elector.on_change.append(functools.partial(lead, state))
-        state.tasks.append(asyncio.create_task(elector.run(), name="leader-election"))
+        await elector.start()
     log.info(
         "operator_started",
         identity=elector.identity if elector is not None else None,
@@ -248,18 +251,27 @@ def _wire_offers(state: OperatorState, publishing: bool, mignodes: MigNodeWatch)
     return relay
 
 
-def _elector(config: OperatorConfig, api: Any) -> LeaderElector | None:
+def _elector(config: OperatorConfig) -> ElectionThread | None:
+    """The election, in a thread with a client of its own (`ElectionThread`: renewals must not
+    wait behind a busy round)."""
     election = config.election
     if election is None:
         return None
-    store = KubeLeaseStore(api, election.namespace, election.name, election.renew_deadline_s / 2)
-    return LeaderElector(
-        store,
+
+    async def open_store() -> tuple[LeaseStore, Callable[[], Awaitable[None]]]:
+        api, _ = await open_client(config.kubeconfig)
+        api.user_agent = user_agent(election.identity)
+        timeout_s = election.renew_deadline_s / 2
+        return KubeLeaseStore(api, election.namespace, election.name, timeout_s), api.close
+
+    elector = LeaderElector(
+        UnopenedLeaseStore(),
         election.identity,
         lease_duration_s=election.lease_duration_s,
         renew_deadline_s=election.renew_deadline_s,
         retry_s=election.retry_s,
     )
+    return ElectionThread(elector, open_store)
 
 
 def lead(state: OperatorState, term: Term | None) -> None:
@@ -326,7 +338,7 @@ async def cleanup(memo: Any, **_: Any) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if state.elector is not None:
-            await state.elector.release()  # a standby takes over at once
+            await state.elector.stop()  # releases the Lease: a standby takes over at once
         await state.api.close()
     log.info("operator_stopped")
 

@@ -24,7 +24,7 @@ from migpart.controller.workers import Workers
 from migpart.dra import DeviceId
 from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
-from migpart.kube.election import LeaderElector
+from migpart.kube.election import ElectionThread
 from migpart.kube.features import DraFeatures
 from migpart.kube.slice_publisher import SlicePublisher
 from migpart.kube.snapshot import SnapshotCache
@@ -148,7 +148,7 @@ class OperatorState:
     # the operator's own tasks besides the resync: Lease watch, health checks, CRD wait
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # the leader election (None: none, this operator always writes)
-    elector: LeaderElector | None = None
+    elector: ElectionThread | None = None
     # what the API server serves for offer mode, asked once at start-up (kube/features.py)
     dra: DraFeatures = field(default_factory=lambda: DraFeatures.unknown("not asked yet"))
     # node -> the Stale condition its MigNode must still get (True) or lose (False)

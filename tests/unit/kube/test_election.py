@@ -1,9 +1,12 @@
 """kube.election: client-go's Lease rules on the in-memory Lease store, time from an injected
-clock (no sleeping, no wall clock)."""
+clock (no sleeping, no wall clock); then `ElectionThread` on real clocks, whose point is what
+happens while the caller's loop is blocked."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -12,9 +15,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.kube.election import (
     Conflict,
+    ElectionThread,
     InMemoryLeaseStore,
     LeaderElector,
     LeaseRecord,
+    LeaseStore,
+    StoreOpener,
     Term,
 )
 
@@ -270,3 +276,86 @@ async def test_a_renewal_that_returns_after_the_deadline_ends_the_term() -> None
     assert old is not None
     assert new is not old
     assert new.token == 1
+
+
+# ---------------------------------------------------------------- ElectionThread (real time)
+
+
+def quick(store: InMemoryLeaseStore) -> LeaderElector:
+    """An elector on real clocks with short periods: these tests block an event loop."""
+    return LeaderElector(store, "a", lease_duration_s=3, renew_deadline_s=1, retry_s=0.05)
+
+
+def opener(store: InMemoryLeaseStore, closed: list[bool]) -> StoreOpener:
+    async def open_store() -> tuple[LeaseStore, Callable[[], Awaitable[None]]]:
+        async def close() -> None:
+            closed.append(True)
+
+        return store, close
+
+    return open_store
+
+
+def hold_the_loop(seconds: float) -> None:
+    """What a long round does to the loop it runs on: compute, without awaiting (and holding
+    the GIL but for the interpreter's switch interval)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+async def leading(elector: LeaderElector | ElectionThread) -> Term:
+    for _ in range(500):
+        term = elector.current()
+        if term is not None:
+            return term
+        await asyncio.sleep(0.01)
+    raise AssertionError("never led")
+
+
+async def test_a_blocked_event_loop_ends_the_term_of_an_elector_that_runs_on_it() -> None:
+    """Why the operator runs its election in a thread: a round that holds the loop past the
+    renew deadline ends the term of an elector renewing on that loop."""
+    store = InMemoryLeaseStore()
+    elector = quick(store)
+    task = asyncio.create_task(elector.run())
+    term = await leading(elector)
+    hold_the_loop(1.5)  # no renewal runs meanwhile
+    assert not elector.holds(term)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_an_election_thread_renews_while_the_callers_loop_is_blocked() -> None:
+    store, closed = InMemoryLeaseStore(), list[bool]()
+    thread = ElectionThread(quick(store), opener(store, closed))
+    terms: list[Term | None] = []
+    thread.on_change.append(terms.append)
+    await thread.start()
+    term = await leading(thread)
+    writes = store.writes
+    hold_the_loop(1.5)  # past the renew deadline
+    assert thread.holds(term)
+    assert thread.current() is term
+    assert store.writes > writes  # renewed meanwhile
+    await asyncio.sleep(0)  # the callbacks run on the caller's loop
+    assert terms == [term]
+    await thread.stop()
+    assert store.record is not None
+    assert store.record.holder == ""  # released: a standby takes over at once
+    assert closed == [True]  # the thread's client
+    assert not thread.holds(term)
+    await asyncio.sleep(0)
+    assert terms == [term, None]
+
+
+async def test_an_election_thread_whose_client_cannot_open_raises_and_ends() -> None:
+    async def broken() -> tuple[LeaseStore, Callable[[], Awaitable[None]]]:
+        raise ValueError("no kubeconfig")
+
+    thread = ElectionThread(quick(InMemoryLeaseStore()), broken)
+    with pytest.raises(ValueError, match="no kubeconfig"):
+        await thread.start()
+    assert thread.current() is None
+    await thread.stop()  # nothing to stop: no error
