@@ -21,6 +21,7 @@ from pathlib import Path
 from signal import SIGINT, SIGTERM
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import (
     ApiClient,
@@ -392,7 +393,8 @@ class Size:
 
 async def _delete_all(core: Any, res: Any) -> None:
     """Delete every pod (grace 0) and claim of the namespace; a transient error (the API
-    server timed out, the deletion goes on) is left to the caller's next try."""
+    server timed out, or a loaded one cut the response short; the deletion goes on) is left to
+    the caller's next try."""
     for call in (
         lambda: core.delete_collection_namespaced_pod(
             NAMESPACE, grace_period_seconds=0, _preload_content=False
@@ -404,6 +406,8 @@ async def _delete_all(core: Any, res: Any) -> None:
         except ApiError as err:
             if not err.transient:
                 raise
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as err:
+            print(f"    (deleting the burst: {type(err).__name__}; asked again)", flush=True)
 
 
 @contextlib.contextmanager
