@@ -188,9 +188,8 @@ async def startup(
         resync_slices(state, config.slice_resync_s), name="slice-resync"
     )
     state.metrics.leader.set(1 if state.leading() else 0)
-    slices_listed = asyncio.Event()
-    mignodes = MigNodeWatch(state, slices_listed)
-    slices = SliceWatch(publisher, slices_listed, mignodes.publish)
+    mignodes = MigNodeWatch(state, state.slices_listed)
+    slices = SliceWatch(publisher, state.slices_listed, mignodes.publish)
     watched = watched_indexes(state)
     relay = _wire_offers(state, config.offer_publishing, mignodes)
     watched["claims_index"] = RelayingIndex(relay, WATCHED["claims_index"].entry, state.wake_all)
@@ -298,12 +297,14 @@ def _start_take_over(state: OperatorState) -> None:
 
 async def take_over(state: OperatorState) -> None:
     """A new leader (or, with offer publishing, an operator without election at start) says
-    which nodes offer, from its synced view, then writes every slice whose content differs
-    from what that view computes, and the `Stale` marks it has kept meanwhile (the watches
-    were warm). Until it has said which nodes offer, nothing else publishes a slice
-    (`OperatorState.publishing`): a standby runs no round, so it would write reactive mode's
-    slice over each offering node's pool, and its first round the pool again."""
+    which nodes offer, from its synced view (every watch listed, the slices' too), then writes
+    every slice whose content differs from what that view computes, and the `Stale` marks it
+    has kept meanwhile (the watches were warm). Until it has said which nodes offer, nothing
+    else publishes a slice (`OperatorState.publishing`): a standby runs no round, so it would
+    write reactive mode's slice over each offering node's pool, and its first round the pool
+    again."""
     await state.watched_synced()
+    await state.slices_listed.wait()
     if state.offer_publishing:
         assign_offers(state, cluster_now(state))
     state.offers_known = True

@@ -168,6 +168,9 @@ class OperatorState:
     # set once this leadership's take-over has told `offers` which nodes offer, from its
     # synced view (handlers.take_over; cleared by handlers.lead)
     offers_known: bool = False
+    # set once the slice watch has listed (kube/slice_watch.py): before, the publisher does not
+    # know which slices exist, and would create a pool that exists at a new generation
+    slices_listed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def leading(self) -> bool:
         """Whether this operator leads now (its writes would be sent)."""
