@@ -35,13 +35,19 @@ from migpart.clock import Clock
 from migpart.controller.bodies import parse_policy
 from migpart.controller.effects import KubeEffects
 from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
-from migpart.controller.indexes import WATCHED, state_of, watch_index, watched_indexes
+from migpart.controller.indexes import (
+    WATCHED,
+    cluster_now,
+    state_of,
+    watch_index,
+    watched_indexes,
+)
 from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
 from migpart.controller.mignodes import MigNodeWatch, watch_mignodes
 from migpart.controller.offer_relay import OfferRelay, RelayingIndex
 from migpart.controller.offers import Offers
-from migpart.controller.reconcile import report_invalid
+from migpart.controller.reconcile import assign_offers, report_invalid
 from migpart.controller.scope import ScopeCache
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.errors import MigpartError
@@ -185,9 +191,8 @@ async def startup(
         resync_slices(state, config.slice_resync_s), name="slice-resync"
     )
     state.metrics.leader.set(1 if state.leading() else 0)
-    slices_listed = asyncio.Event()
-    mignodes = MigNodeWatch(state, slices_listed)
-    slices = SliceWatch(publisher, slices_listed, mignodes.publish)
+    mignodes = MigNodeWatch(state, state.slices_listed)
+    slices = SliceWatch(publisher, state.slices_listed, mignodes.publish)
     watched = watched_indexes(state)
     relay = _wire_offers(state, config.offer_publishing, mignodes)
     watched["claims_index"] = RelayingIndex(relay, WATCHED["claims_index"].entry, state.wake_all)
@@ -207,6 +212,9 @@ async def startup(
     if elector is not None:
         elector.on_change.append(functools.partial(lead, state))
         await elector.start()
+    elif config.offer_publishing:
+        # it leads from the start, and publishes no slice before it knows which nodes offer
+        _start_take_over(state)
     log.info(
         "operator_started",
         identity=elector.identity if elector is not None else None,
@@ -278,11 +286,17 @@ def lead(state: OperatorState, term: Term | None) -> None:
     """The elector's callback: bind the write port to the new term (None: to none, so every
     write is refused) and, on taking over, plan and publish at once."""
     state.effects = state.effects.under(term)
+    # which nodes offer is known again once this term's take-over has said it
+    state.offers_known = False
     state.metrics.leader.set(1 if term is not None else 0)
     state.metrics.leadership_changes.inc()
     if term is None:
         return
     state.wake_all()
+    _start_take_over(state)
+
+
+def _start_take_over(state: OperatorState) -> None:
     task = asyncio.create_task(take_over(state), name="take-over")
     state.tasks.append(task)
 
@@ -294,9 +308,18 @@ def lead(state: OperatorState, term: Term | None) -> None:
 
 
 async def take_over(state: OperatorState) -> None:
-    """A new leader writes every slice whose content differs from what its standby view
-    computes, and the `Stale` marks it has kept meanwhile (the watches were warm)."""
+    """A new leader (or, with offer publishing, an operator without election at start) says
+    which nodes offer, from its synced view (every watch listed, the slices' too), then writes
+    every slice whose content differs from what that view computes, and the `Stale` marks it
+    has kept meanwhile (the watches were warm). Until it has said which nodes offer, nothing
+    else publishes a slice (`OperatorState.publishing`): a standby runs no round, so it would
+    write reactive mode's slice over each offering node's pool, and its first round the pool
+    again."""
     await state.watched_synced()
+    await state.slices_listed.wait()
+    if state.offer_publishing:
+        assign_offers(state, cluster_now(state))
+    state.offers_known = True
     for name in state.publisher.nodes():
         if not state.leading():
             return
@@ -344,9 +367,10 @@ async def cleanup(memo: Any, **_: Any) -> None:
 
 
 async def resync_slices(state: OperatorState, period_s: float = SLICE_RESYNC_S) -> None:
-    """Publish every known node's slice again each period, while leading: repairs a write that
-    failed (event handlers are not retried). The publisher knows each slice from the watch, so
-    this costs no request for a slice that is as it should be.
+    """Publish every known node's slice again each period, while publishing (leading, and
+    once the take-over said which nodes offer): repairs a write that failed (event handlers
+    are not retried). The publisher knows each slice from the watch, so this costs no request
+    for a slice that is as it should be.
 
     One loop for all nodes instead of a kopf timer per MigNode: a timer makes kopf put its
     finalizer on every MigNode, which then cannot be deleted while the operator is down.
@@ -354,7 +378,7 @@ async def resync_slices(state: OperatorState, period_s: float = SLICE_RESYNC_S) 
     while True:
         await state.clock.sleep(period_s)
         for name in state.publisher.nodes():
-            if not state.leading():
+            if not state.publishing():
                 break
             await _publish(state, name)
 
@@ -396,8 +420,9 @@ async def _node_health_tick(state: OperatorState) -> None:
             state.metrics.unavailable_nodes.labels(reason).set(counts.get(reason, 0))
     if not state.leading():
         return  # a standby keeps its verdicts and marks; a new leader acts on them (take_over)
-    for node in changed:
-        await _publish(state, node)
+    if state.publishing():  # else the take-over publishes every node
+        for node in changed:
+            await _publish(state, node)
     await mark_stale(state)
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from migpart.controller.errors import Outcome, survive
-from migpart.controller.indexes import cluster_from
+from migpart.controller.indexes import cluster_now
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.state import OperatorState
 from migpart.controller.workers import Signals
@@ -42,7 +41,6 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
         await state.watched_synced()
         while not stopped.is_set():
             wake.clear()
-            assert state.indexes is not None  # set before the first worker starts
             wait = state.tick_s
             held_back = False
             if not state.leading():
@@ -50,9 +48,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                 again = True
             elif again or seen != state.changes or clock.monotonic() - last_round > FULL_ROUND_S:
                 seen, last_round = state.changes, clock.monotonic()
-                # nodes the operator leaves alone (lease expired, plugin not registered)
-                unavailable = dict(state.health.unavailable())
-                cluster = replace(cluster_from(state.indexes), unavailable=unavailable)
+                cluster = cluster_now(state)
                 body = cluster.policies.get(name)
                 again = False
                 # an invalid policy is reported by policy_changed: wait for the next change

@@ -12,9 +12,9 @@ back as a MigNode event: thousands in a burst at 1,000 nodes. `MigNodeWatch` kee
 - tells the offer relay (`controller/offer_relay.py`) that the node changed;
 - publishes the node's ResourceSlice (`SlicePublisher`), in a task of its own: once the
   slice watch has listed (so that the publisher knows every slice and never creates one that
-  exists), at most PUBLISH_CONCURRENCY at once. A failed write is logged; the periodic resync
-  writes it. The slice watch hands a deleted slice to `publish` too, so every slice write
-  of a node goes through its one task.
+  exists), while `OperatorState.publishing`, at most PUBLISH_CONCURRENCY at once. A failed
+  write is logged; the periodic resync writes it. The slice watch hands a deleted slice to
+  `publish` too, so every slice write of a node goes through its one task.
 
 A MigNode deleted, or gone from a new list, is forgotten by the publisher and node health.
 """
@@ -141,8 +141,10 @@ class MigNodeWatch(Index):
             await self._slices_listed.wait()
             while name in self:  # not deleted meanwhile
                 self._again.discard(name)
-                if not self.state.leading():
-                    return  # a standby writes nothing; taking over publishes every node
+                if not self.state.publishing():
+                    # a standby writes nothing, nor a new leader before it knows which nodes
+                    # offer (OperatorState.publishing); taking over publishes every node
+                    return
                 async with self._publishing:
                     try:
                         await self.state.effects.publish(name)

@@ -302,20 +302,17 @@ class PolicyRound:
         return (body.get("spec") or {}).get("planId") != planned
 
     def offer_scope(self, policy: GpuPartitionPolicy, scope: Scope) -> bool:
-        """Tell `state.offers` which nodes publish offers: this policy's, where its mode in
-        effect is Offer and it acts (a DryRun policy creates nothing, so offers nothing).
-        Returns whether they do."""
-        resolved = resolve_allocation(
-            policy.spec.allocation, self.state.dra, self.state.offer_publishing
-        )
-        offering = acting(resolved, policy.spec.mode).mode == "Offer"
-        offer = NodeOffer(self.name, policy.spec.policy_view()) if offering else None
+        """Tell `state.offers` which nodes publish offers: this policy's, where it offers
+        (`policy_offer`). Returns whether they do."""
+        offer = policy_offer(self.state, self.name, policy)
+        offering = offer is not None
         changed = self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
         relay = self.state.relay
         if offering and relay is not None:
-            # An operator that starts or takes over lists the claims before its first round
-            # says which nodes offer: an allocation made while it was down would wait for the
-            # next event of its claim or node (none comes while the pod waits in PreBind).
+            # A node that starts to offer may hold allocations of placements its pool offered
+            # before (an earlier leader's, or before its policy went Reactive): no other event
+            # of their claims comes while their pods wait in PreBind. (A take-over settles
+            # every node itself, once it has said which nodes offer: handlers.take_over.)
             for name in changed:
                 relay.node_changed(name)
         return offering
@@ -389,6 +386,27 @@ class PolicyRound:
             return
         await self.effects.write_status(self.name, status)
         self.state.statuses[self.name] = written
+
+
+def policy_offer(state: OperatorState, name: str, policy: GpuPartitionPolicy) -> NodeOffer | None:
+    """What the nodes of policy `name` publish: its offer where its mode in effect is Offer
+    and it acts (a DryRun policy creates nothing, so offers nothing); None: reactive mode's
+    slices."""
+    resolved = resolve_allocation(policy.spec.allocation, state.dra, state.offer_publishing)
+    if acting(resolved, policy.spec.mode).mode != "Offer":
+        return None
+    return NodeOffer(name, policy.spec.policy_view())
+
+
+def assign_offers(state: OperatorState, cluster: Cluster) -> None:
+    """Tell `state.offers` which nodes publish offers under every valid policy of `cluster`,
+    as each policy's next round will (`PolicyRound.offer_scope`: the same nodes, the same
+    offer). A standby runs no round, so a new leader calls this on its synced view before it
+    publishes anything (`handlers.take_over`): else it would publish an offering node's pool
+    as reactive mode's slice, and kube-scheduler's allocations of offered placements in
+    flight would find them gone."""
+    for name, policy in state.scopes.refresh(cluster).items():
+        state.offers.assign(name, state.scopes.nodes(name), policy_offer(state, name, policy))
 
 
 def _observed(status: Mapping[str, Any]) -> int:

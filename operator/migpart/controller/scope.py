@@ -299,6 +299,12 @@ class ScopeCache:
         }
         return policies
 
+    def nodes(self, policy_name: str) -> frozenset[str]:
+        """The names of the policy's nodes in the world of the last `refresh`: those of its
+        `scope`, without looking at a claim."""
+        mine = self._policy_nodes.get(policy_name)
+        return mine.names if mine is not None else frozenset()
+
     def _owner(
         self,
         name: str,

@@ -165,10 +165,23 @@ class OperatorState:
     offer_publishing: bool = False
     # which nodes publish offers, under which policy (controller/offers.py)
     offers: Offers = field(default_factory=Offers)
+    # set once this leadership's take-over has told `offers` which nodes offer, from its
+    # synced view (handlers.take_over; cleared by handlers.lead)
+    offers_known: bool = False
+    # set once the slice watch has listed (kube/slice_watch.py): before, the publisher does not
+    # know which slices exist, and would create a pool that exists at a new generation
+    slices_listed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def leading(self) -> bool:
         """Whether this operator leads now (its writes would be sent)."""
         return self.effects.leading()
+
+    def publishing(self) -> bool:
+        """Whether slices may be published outside the take-over and the rounds: while leading
+        and, with offer publishing, once `offers_known`. Before that an offering node's pool
+        would be computed as reactive mode's slice (a round, or the take-over, says which
+        nodes offer), and the take-over publishes every node anyway."""
+        return self.leading() and (self.offers_known or not self.offer_publishing)
 
     def wake_all(self) -> None:
         self.changes += 1

@@ -59,7 +59,7 @@ def offline_state(effects: Any, publisher: Any = None) -> OperatorState:
     """An OperatorState with no API client: `effects` (the in-memory twin, or a recorder) and
     a manual clock that the test advances through `state.clock`."""
     clock = ManualClock()
-    return OperatorState(
+    state = OperatorState(
         api=None,  # type: ignore[arg-type]
         credentials=None,  # type: ignore[arg-type]
         publisher=publisher,
@@ -67,3 +67,5 @@ def offline_state(effects: Any, publisher: Any = None) -> OperatorState:
         clock=clock,
         health=NodeHealth(clock),
     )
+    state.slices_listed.set()  # no slice watch: nothing to wait for
+    return state

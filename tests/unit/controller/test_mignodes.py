@@ -61,6 +61,22 @@ async def test_no_slice_is_written_before_the_slice_watch_listed() -> None:
     assert publisher.published == ["a"]
 
 
+async def test_with_offer_publishing_nothing_is_written_before_the_take_over() -> None:
+    """A new leader's MigNode events publish nothing until its take-over has said which nodes
+    offer (`OperatorState.publishing`): before, an offering node's pool would be computed as
+    reactive mode's slice. The take-over then publishes every node itself."""
+    w, publisher, listed = watch()
+    w.state.offer_publishing = True
+    listed.set()
+    w.changed("ADDED", mignode("a", 1, gpus=[]))
+    await settle()
+    assert publisher.published == []
+    w.state.offers_known = True  # as the take-over sets it
+    w.changed("MODIFIED", mignode("a", 2, gpus=[]))
+    await settle()
+    assert publisher.published == ["a"]
+
+
 async def test_events_during_a_write_give_one_more_write_not_one_each() -> None:
     w, publisher, listed = watch()
     listed.set()

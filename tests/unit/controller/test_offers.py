@@ -6,11 +6,13 @@ stays listed, tainted, and one allocated inside the window is still kept."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pytest
 
 from migpart.api.models import FailedInstance, MigNode
+from migpart.controller import handlers
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.handlers import _wire_offers
 from migpart.controller.indexes import waiting_entry
@@ -21,9 +23,10 @@ from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY
+from migpart.kube.election import InMemoryLeaseStore, LeaderElector
 from migpart.kube.features import DraFeatures
 from migpart.kube.placement import NodeFacts
-from migpart.kube.slice_publisher import SlicePublisher
+from migpart.kube.slice_publisher import Published, SlicePublisher
 from migpart.offer_content import FAILED_TAINT, WITHDRAWN_TAINT
 from migpart.planning.model import PolicyView
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
@@ -36,6 +39,7 @@ from tests.unit.controller.factories import (
     placement,
     policy,
 )
+from tests.unit.controller.test_loop import indexed
 from tests.unit.controller.test_offer_relay import Cluster as RelayCluster
 from tests.unit.controller.test_offer_relay import node_body, offered
 from tests.unit.controller.test_round import allocation, clock_of
@@ -253,6 +257,54 @@ def test_a_failed_placement_is_never_offered_and_tainted_while_a_claim_holds_it(
     assert listed["gpu-0-7g80gb-0"]["taints"] == [FAILED_TAINT]
     listed = by_name(offer_pool(n, EVERY_PROFILE, frozenset(), True, frozenset(), refused))
     assert "taints" not in listed["gpu-0-7g80gb-0"]
+
+
+# ------------------------------------------------------------------ taking over
+
+
+@dataclass
+class Pools(InMemoryEffects):
+    """The twin, recording with each slice publish whether `offers` made the node's pool
+    offer mode's at that moment (`Offers.slices`), or reactive mode's slice."""
+
+    offers: Offers = field(default_factory=Offers)
+    pools: list[tuple[str, bool]] = field(default_factory=list)
+
+    async def publish(self, node: str) -> Published:
+        self.pools.append((node, self.offers.offered(node)))
+        return await super().publish(node)
+
+
+@pytest.mark.parametrize(("features", "offers"), [(SERVED, True), (NONE, False)])
+async def test_a_new_leader_publishes_an_offering_node_as_offering_from_its_first_write(
+    features: DraFeatures, offers: bool
+) -> None:
+    """A standby runs no round, so its `Offers` knew no offering node: taking over, it wrote
+    reactive mode's slice over each offering node's pool (every offered placement gone while
+    kube-scheduler may be allocating one), and the offer pool again after its first round.
+    The take-over now says which nodes offer, from its synced indexes, before it publishes.
+    Node `b` is in no policy's scope: reactive either way; where offers are not served (1.34),
+    `a` is reactive too."""
+    nodes = {"a": mignode("a", 5), "b": mignode("b", 5)}
+    cluster = world(nodes)  # policy `pa`, Auto, over the nodes labelled pool=a
+    labels = {"a": {"pool": "a"}, "b": {"pool": "b"}}
+    facts = {name: NodeFacts(v, ()) for name, v in labels.items()}
+    cluster = replace(cluster, node_labels=labels, node_facts=facts)
+    elector = LeaderElector(InMemoryLeaseStore(), "standby", clock=lambda: 0.0)
+    effects = Pools(mignodes=dict(nodes), leadership=elector)  # no term: a standby
+    publisher = SlicePublisher(cast(Any, None))
+    state = indexed(offline_state(effects, publisher), cluster)
+    state.dra = features
+    _wire_offers(state, True, cast("MigNodeWatch", Publishes()))
+    effects.offers = state.offers
+    for body in nodes.values():
+        publisher.observe(MigNode.model_validate(body))
+    assert await elector.try_acquire_or_renew()
+    handlers.lead(state, elector.current())
+    [take_over] = [t for t in state.tasks if t.get_name() == "take-over"]
+    await take_over
+    assert effects.pools == [("a", offers), ("b", False)]
+    assert state.offers.offered("a") == offers  # as the first round will say
 
 
 # ------------------------------------------------------------------ the relay and the offer
