@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from migpart.api.models import FailedInstance, MigNode
+from migpart.api.models import FailedInstance, MigNode, MigNodeSpec, MigNodeStatus
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.handlers import _wire_offers
 from migpart.controller.indexes import waiting_entry
@@ -18,6 +18,7 @@ from migpart.controller.mignodes import MigNodeWatch
 from migpart.controller.offer_relay import OfferRelay
 from migpart.controller.offers import NodeOffer, Offers, offer_pool
 from migpart.controller.reconcile import PolicyRound
+from migpart.controller.relay import placements, relay
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY
@@ -40,6 +41,7 @@ from tests.unit.controller.test_offer_relay import Cluster as RelayCluster
 from tests.unit.controller.test_offer_relay import node_body, offered
 from tests.unit.controller.test_round import allocation, clock_of
 from tests.unit.kube.factories import gpu
+from tests.unit.kube.slice_store import SliceStore
 
 SERVED = DraFeatures(True, True, "served: partitionable devices, binding conditions")
 NONE = DraFeatures(False, False, "not served: partitionable devices, binding conditions")
@@ -408,3 +410,112 @@ def test_the_waiting_index_tells_which_pods_the_scheduler_found_unschedulable() 
     assert "unschedulable" not in fresh  # as before: a reactive cluster's entries are unchanged
     [tried] = (waiting_entry(waiting.unschedulable().obj()) or {}).values()
     assert tried["unschedulable"] is True
+
+
+# ------------------------------------------------------------------ pool writes per allocation
+
+GPUS = 8  # a full node: 8 H100s, every placement offered is 200 devices in 5 slices
+
+
+def full_node(
+    revision: int, *instances: tuple[str, int, str], spec: MigNodeSpec | None = None
+) -> MigNode:
+    """MigNode `a`: 8 H100s, `instances` on GPU 0 (profile, start, state)."""
+    gpus = [gpu(0, *instances), *(gpu(i) for i in range(1, GPUS))]
+    return MigNode(
+        metadata={"name": "a", "resourceVersion": str(revision)},
+        spec=spec,
+        status=MigNodeStatus(gpus=gpus),
+    )
+
+
+class NodeSlices:
+    """Node `a` offering under policy `pa` through the slice publisher on the in-memory slice
+    store, and the devices claims hold there (`held`, what the relay tells)."""
+
+    def __init__(self, body: MigNode) -> None:
+        self.store = SliceStore()
+        self.held: set[str] = set()
+        self.offers = Offers(held=lambda node: frozenset(self.held))
+        self.offers.assign("pa", ["a"], NodeOffer("pa", EVERY_PROFILE))
+        self.publisher = SlicePublisher(cast(Any, self.store), slices=self.offers.slices)
+        self.node = body
+        self.publisher.observe(body)
+
+    async def start(self) -> int:
+        """The node's first pool; returns how many slices it has."""
+        assert (await self.publisher.publish("a")).written
+        self.store.requests.clear()
+        return len(self.store.pool("a"))
+
+    def stored(self) -> list[dict[str, Any]]:
+        """The devices of the stored pool, in the order kube-scheduler tries them."""
+        return [
+            d
+            for _, body in sorted(self.store.slices.items())
+            for d in body["spec"].get("devices", [])
+        ]
+
+    def first_fit(self, profile: str) -> str:
+        """The device a claim for `profile` gets on a pool no claim holds anything of yet:
+        the first of that profile in the stored order."""
+        return next(
+            str(d["name"]) for d in self.stored() if d["attributes"]["profile"]["string"] == profile
+        )
+
+    async def publish(self, body: MigNode | None = None, compute: bool = False) -> tuple[int, int]:
+        """Publish as the operator does after an event: a MigNode event (`body`), the held
+        devices changed (`compute`: the relay's `changed`), or neither (a later publish, the
+        resync's). Returns (pools written, slice requests: created, replaced and deleted).
+        Every held device stays listed in the stored pool."""
+        taken = len(self.store.requests)
+        if body is not None:
+            self.node = body
+            self.publisher.observe(body)
+        if compute:
+            self.publisher.invalidate("a")
+        result = await self.publisher.publish("a")
+        writes = [m for m, _ in self.store.requests[taken:] if m != "GET"]
+        assert self.held <= {str(d["name"]) for d in self.stored()}
+        return int(result.written), len(writes)
+
+
+async def test_an_allocation_of_a_new_placement_rewrites_the_pool_twice() -> None:
+    """One claim for a 3g.40gb on a node with 8 empty H100s, from allocation to instance
+    created, a later publish, then the claim let go: the allocation (200 devices to 190: 4
+    slices replaced, 1 deleted) and the instance created (4 replaced) each rewrite the whole
+    pool, though the scheduler cannot act on either while the claim holds the placement."""
+    world = NodeSlices(full_node(1))
+    assert await world.start() == 5
+    device = world.first_fit("3g.40gb")
+    where = placements(world.node)[device]
+    assert where.gpu == 0
+    steps: list[tuple[int, int]] = []
+    world.held.add(device)  # kube-scheduler allocated the placement: the relay tells
+    steps.append(await world.publish(compute=True))
+    decision = relay(world.node, [("ns/c1", device)])  # the relay writes it into the spec
+    assert decision.spec is not None
+    steps.append(await world.publish(full_node(2, spec=decision.spec)))
+    created = (where.instance.profile, where.instance.start, "Free")  # the agent created it
+    steps.append(await world.publish(full_node(3, created, spec=decision.spec)))
+    # the relay writes instance-ready into the claim: the devices held do not change
+    steps.append(await world.publish())
+    world.held.clear()  # the claim let go of it
+    steps.append(await world.publish(compute=True))
+    assert steps == [(1, 5), (0, 0), (1, 4), (0, 0), (1, 4)]
+
+
+async def test_an_allocation_of_a_free_instance_rewrites_the_pool_once() -> None:
+    """The same for a free 3g.40gb instance on GPU 0 (190 devices, 4 slices): the allocation
+    moves it behind the offer, and the whole pool is rewritten for that."""
+    world = NodeSlices(full_node(1, ("3g.40gb", 4, "Free")))
+    assert await world.start() == 4
+    device = world.first_fit("3g.40gb")
+    assert device == "gpu-0-3g40gb-4"  # the free instance comes first
+    steps: list[tuple[int, int]] = []
+    world.held.add(device)
+    steps.append(await world.publish(compute=True))
+    # its pod's kubelet prepared it: the agent's status says so
+    steps.append(await world.publish(full_node(2, ("3g.40gb", 4, "Prepared"))))
+    steps.append(await world.publish())
+    assert steps == [(1, 4), (0, 0), (0, 0)]
