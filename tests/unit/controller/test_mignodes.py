@@ -24,8 +24,6 @@ class Publisher:
         # how many publishes to come hold a change back (`Published.deferred`)
         self.holding_back = 0
 
-    steering_delay_s = 5.0
-
     def observe(self, node: MigNode) -> None:
         pass
 
@@ -40,6 +38,7 @@ class Publisher:
         self.forgotten.append(name)
 
     term = None  # as the effects port: no election
+    steering_delay_s = 5.0  # as the publisher: how long a held-back change may wait
 
     def leading(self) -> bool:  # as the effects port: this operator leads
         return True
