@@ -271,15 +271,15 @@ class SlicePublisher:
                 self._wrote_pool(name, contents)
                 state = current[first.name]
                 return Published(name, state.generation, False, names, state.resource_version)
-            known = self._written.get(name)
-            if known is not None and self._may_wait(name, current, known, contents):
+            last = self._written.get(name)
+            if last is not None and self._may_wait(name, current, last, contents):
                 self.held_back += 1
-                state = current[known[0].name]
+                state = current[last[0].name]
                 return Published(
                     name,
                     state.generation,
                     False,
-                    frozenset().union(*(c.names for c in known)),
+                    frozenset().union(*(c.names for c in last)),
                     state.resource_version,
                     deferred=True,
                 )
@@ -308,19 +308,19 @@ class SlicePublisher:
         self,
         name: str,
         current: dict[str, SliceState],
-        known: list[SliceContent],
+        last: list[SliceContent],
         contents: list[SliceContent],
     ) -> bool:
-        """Whether the change from `known` (what we last wrote, which the pool still holds) to
+        """Whether the change from `last` (what we last wrote, which the pool still holds) to
         `contents` may wait: `needs` says the scheduler cannot act on it now, and no change
         of the node has waited `steering_delay_s` yet."""
-        if self.needs is None or not _holds(current, known):
+        if self.needs is None or not _holds(current, last):
             return False
         now = self.clock.monotonic()
         since = self._waiting_since.setdefault(name, now)
         if now - since >= self.steering_delay_s:
             return False
-        return not self.needs(name, known, contents)
+        return not self.needs(name, last, contents)
 
     def _wrote_pool(self, name: str, contents: list[SliceContent]) -> None:
         """The pool holds `contents` now: nothing waits."""
