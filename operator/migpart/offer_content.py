@@ -24,12 +24,18 @@ The API server takes counter sets and devices in separate slices of one pool, an
 number of each per slice (`MAX_*`, measured by hack/slice_limits.py): the pool is split across
 slices named by `slice_name(node, index)`, counter sets first.
 
+Each change of a device rewrites every slice of the pool at a new generation (the ResourcePool
+rules), and most changes an allocation brings are of no use to the scheduler until a claim
+lets go: `scheduler_needs` tells the ones it can act on now from the others (the order of the
+offer, a placement becoming the instance a claim already holds), which the publisher may hold
+back for a while (`migpart.kube.slice_publisher`).
+
 This module is pure: no client library, no logging, no clock (import-linter keeps it so).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -302,3 +308,112 @@ def _pool(
         )
         for index, (sets, chunk) in enumerate(parts)
     ]
+
+
+# ---------------------------------------------------------------- what the scheduler needs now
+
+
+def _devices(pool: Sequence[SliceContent]) -> dict[str, Device]:
+    return {str(d["name"]): d for content in pool for d in content.devices}
+
+
+def _counter_sets(pool: Sequence[SliceContent]) -> list[dict[str, Any]]:
+    return [s for content in pool for s in content.counter_sets or []]
+
+
+def _amounts(counters: Mapping[str, Any]) -> dict[str, int]:
+    return {name: int(str(value["value"])) for name, value in counters.items()}
+
+
+def _consumes(device: Device) -> list[tuple[str, dict[str, int]]]:
+    return [
+        (str(c["counterSet"]), _amounts(c.get("counters") or {}))
+        for c in device.get("consumesCounters") or []
+    ]
+
+
+def _left(
+    counter_sets: list[dict[str, Any]], allocated: Iterable[Device]
+) -> dict[str, dict[str, int]]:
+    """What each counter set has left once the `allocated` devices took theirs (what
+    kube-scheduler's `checkAvailableCounters` counts for the devices listed and allocated)."""
+    left = {str(s["name"]): _amounts(s.get("counters") or {}) for s in counter_sets}
+    for device in allocated:
+        for name, amounts in _consumes(device):
+            have = left.setdefault(name, {})
+            for counter, n in amounts.items():
+                have[counter] = have.get(counter, 0) - n
+    return left
+
+
+def _fits(device: Device, left: Mapping[str, Mapping[str, int]]) -> bool:
+    """Whether the device's counters fit in what is `left`. A counter the pool does not
+    declare counts as fitting: the device then counts as one the scheduler may take."""
+    for name, amounts in _consumes(device):
+        have = left.get(name, {})
+        if any(counter in have and n > have[counter] for counter, n in amounts.items()):
+            return False
+    return True
+
+
+def _created(device: Device) -> bool:
+    return bool(((device.get("attributes") or {}).get(CREATED_ATTRIBUTE) or {}).get("bool"))
+
+
+def _instance_behind_a_placement(
+    pool: Sequence[SliceContent], allocatable: Mapping[str, Device]
+) -> bool:
+    """Whether the pool lists an instance the scheduler may take after a placement it may
+    take: a pod would get a new instance made where one is free (first fit)."""
+    placement_seen = False
+    for content in pool:
+        for device in content.devices:
+            if str(device["name"]) not in allocatable or device.get("taints"):
+                continue
+            if not _created(device):
+                placement_seen = True
+            elif placement_seen:
+                return True
+    return False
+
+
+def scheduler_needs(
+    published: Sequence[SliceContent],
+    wanted: Sequence[SliceContent],
+    allocated: Collection[str],
+) -> bool:
+    """Whether writing the pool `wanted` over the pool `published` (both `offer_slices`)
+    changes anything kube-scheduler can act on while the devices `allocated` (claims hold
+    them) stay allocated.
+
+    It can act on: the counter sets; each allocated device's being listed, with its counters
+    and taints (its counters must go on counting); every other device that the allocated
+    ones' counters leave room for, in full (it may be allocated); and free instances listed
+    before placements (first fit takes a free instance before it has one made). It cannot act
+    on, until a claim lets go (which changes `allocated`): the other fields of an allocated
+    device (a placement that became the instance its claim holds: a device goes to one claim
+    at a time), and a device that the allocated ones' counters leave no room for (the
+    placements overlapping an allocation). Nor does the order of the devices otherwise change
+    what may be allocated, only which device first fit takes (the steering of
+    `migpart.planning.offer`): that may wait a while. Counters are compared as they are, so a
+    pool this lets stand never lets two placements that NVML cannot hold both be allocated,
+    and every device a claim holds stays listed.
+    """
+    counter_sets = _counter_sets(published)
+    if counter_sets != _counter_sets(wanted):
+        return True
+    before, after = _devices(published), _devices(wanted)
+    held = set(allocated)
+    for name in held & (before.keys() | after.keys()):
+        was, now = before.get(name), after.get(name)
+        if was is None or now is None:
+            return True
+        if (was.get("consumesCounters"), was.get("taints")) != (
+            now.get("consumesCounters"),
+            now.get("taints"),
+        ):
+            return True
+    left = _left(counter_sets, (before[name] for name in held if name in before))
+    free_before = {n: d for n, d in before.items() if n not in held and _fits(d, left)}
+    free_after = {n: d for n, d in after.items() if n not in held and _fits(d, left)}
+    return free_before != free_after or _instance_behind_a_placement(published, free_before)

@@ -157,7 +157,7 @@ async def startup(
         timeout_s=config.lease_timeout_s,
         registration_grace_s=config.registration_grace_s,
     )
-    publisher = SlicePublisher(api, gate=health.reason)
+    publisher = SlicePublisher(api, gate=health.reason, clock=config.clock)
     scopes = ScopeCache()
     effects = KubeEffects(api, publisher, scopes, leadership)
     effects.on_refused.append(lambda write: config.metrics.fenced_writes.labels(write).inc())
@@ -229,8 +229,9 @@ async def startup(
 
 def _wire_offers(state: OperatorState, publishing: bool, mignodes: MigNodeWatch) -> OfferRelay:
     """Offer mode (controller/offers.py): the relay acts on the nodes that publish offers, and
-    with `publishing` the publisher asks `Offers.slices` what a node's pool holds (without it,
-    reactive mode's `node_slices` for every node, as before)."""
+    with `publishing` the publisher asks `Offers.slices` what a node's pool holds and
+    `Offers.needs` whether a change of it may wait (without it, reactive mode's `node_slices`
+    for every node, every change written, as before)."""
     publisher = state.publisher
     state.offer_publishing = publishing
 
@@ -256,6 +257,7 @@ def _wire_offers(state: OperatorState, publishing: bool, mignodes: MigNodeWatch)
     )
     if publishing:
         publisher.slices = state.offers.slices
+        publisher.needs = state.offers.needs
     return relay
 
 

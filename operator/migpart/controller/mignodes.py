@@ -14,7 +14,10 @@ back as a MigNode event: thousands in a burst at 1,000 nodes. `MigNodeWatch` kee
   slice watch has listed (so that the publisher knows every slice and never creates one that
   exists), while `OperatorState.publishing`, at most PUBLISH_CONCURRENCY at once. A failed
   write is logged; the periodic resync writes it. The slice watch hands a deleted slice to
-  `publish` too, so every slice write of a node goes through its one task.
+  `publish` too, so every slice write of a node goes through its one task. A change the
+  publisher held back (offer mode: one the scheduler cannot act on yet, `Published.deferred`)
+  is published once more after the publisher's `steering_delay_s`, so that it waits no longer
+  than that.
 
 A MigNode deleted, or gone from a new list, is forgotten by the publisher and node health.
 """
@@ -65,6 +68,8 @@ class MigNodeWatch(Index):
         self._again: set[str] = set()
         self._repairing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # node -> the task that publishes it again once a held-back change may wait no longer
+        self._later: dict[str, asyncio.Task[None]] = {}
 
     def listed(self, objects: Sequence[Body]) -> None:
         gone = set(self) - {name_of(o) for o in objects}
@@ -147,15 +152,32 @@ class MigNodeWatch(Index):
                     return
                 async with self._publishing:
                     try:
-                        await self.state.effects.publish(name)
+                        published = await self.state.effects.publish(name)
                     except (ApiException, MigpartError, TimeoutError) as error:
                         log.warning(
                             "resource_slice_write_failed", node=name, error=str(error)[:300]
                         )
+                    else:
+                        if published.deferred:
+                            self._publish_later(name)
                 if name not in self._again:
                     return
         finally:
             del self._writes[name]
+
+    def _publish_later(self, name: str) -> None:
+        """Publish the node again once the change its publisher held back may wait no longer
+        (one such task per node)."""
+        if name not in self._later:
+            task = asyncio.create_task(self._after_delay(name), name=f"publish-later-{name}")
+            self._later[name] = task
+
+    async def _after_delay(self, name: str) -> None:
+        try:
+            await self.state.clock.sleep(self.state.publisher.steering_delay_s)
+        finally:
+            del self._later[name]
+        self.publish(name)
 
 
 async def watch_mignodes(api: ApiClient, sink: MigNodeWatch) -> None:

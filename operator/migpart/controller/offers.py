@@ -9,7 +9,10 @@ for it; every other node keeps reactive mode's `node_slices`, byte for byte.
 What the pool depends on besides the MigNode (which the publisher sees): the policy that covers
 the node (a round tells it, `Offers.assign`), the devices claims hold there and the placements
 the relay refused (the relay tells them, `Offers.touch`). Each change makes the publisher
-compute the node's slices again (`on_change`: invalidate and publish).
+compute the node's slices again (`on_change`: invalidate and publish). Not every change is
+written at once: `Offers.needs`, given to the publisher as its `needs`, lets one that
+kube-scheduler cannot act on while the node's allocations stand wait a few seconds
+(`migpart.offer_content.scheduler_needs`; docs/offer-mode.md, "What may wait").
 
 What is not offered (docs/offer-mode.md, "Turning it on"): placements that would displace free
 instances (the relay creates a placement only where nothing is; destroying a free instance is
@@ -28,7 +31,7 @@ from migpart.api.models import MigNode
 from migpart.controller.relay import placements
 from migpart.kube.placement import Placement
 from migpart.mig import Instance, device_name
-from migpart.offer_content import offer_slices
+from migpart.offer_content import offer_slices, scheduler_needs
 from migpart.planning.model import InstanceState, PolicyView, Request
 from migpart.planning.offer import Holdback, OfferGpu, node_spares, offer
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
@@ -194,3 +197,11 @@ class Offers:
         return offer_pool(
             node, known.view, withdrawn, available, self.held(name), self.refused(name), cache
         )
+
+    def needs(self, node: str, published: list[SliceContent], wanted: list[SliceContent]) -> bool:
+        """`SlicePublisher.needs`: for an offering node, whether kube-scheduler can act now on
+        the change from `published` to `wanted`, with the devices claims hold there
+        (`offer_content.scheduler_needs`); any change of another node's slice is needed."""
+        if node not in self._nodes:
+            return True
+        return scheduler_needs(published, wanted, self.held(node))

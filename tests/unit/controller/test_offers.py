@@ -11,7 +11,8 @@ from typing import Any, cast
 
 import pytest
 
-from migpart.api.models import FailedInstance, MigNode
+from migpart.api.models import FailedInstance, MigNode, MigNodeSpec, MigNodeStatus
+from migpart.clock import ManualClock
 from migpart.controller import handlers
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.handlers import _wire_offers
@@ -20,14 +21,15 @@ from migpart.controller.mignodes import MigNodeWatch
 from migpart.controller.offer_relay import OfferRelay
 from migpart.controller.offers import NodeOffer, Offers, offer_pool
 from migpart.controller.reconcile import PolicyRound
+from migpart.controller.relay import placements, relay
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY
 from migpart.kube.election import InMemoryLeaseStore, LeaderElector
 from migpart.kube.features import DraFeatures
 from migpart.kube.placement import NodeFacts
-from migpart.kube.slice_publisher import Published, SlicePublisher
-from migpart.offer_content import FAILED_TAINT, WITHDRAWN_TAINT
+from migpart.kube.slice_publisher import STEERING_DELAY_S, Published, SlicePublisher
+from migpart.offer_content import FAILED_TAINT, WITHDRAWN_TAINT, scheduler_needs
 from migpart.planning.model import PolicyView
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
 from migpart.testing.builders import ClaimBuilder, PodBuilder, profile_is
@@ -44,6 +46,7 @@ from tests.unit.controller.test_offer_relay import Cluster as RelayCluster
 from tests.unit.controller.test_offer_relay import node_body, offered
 from tests.unit.controller.test_round import allocation, clock_of
 from tests.unit.kube.factories import gpu
+from tests.unit.kube.slice_store import SliceStore
 
 SERVED = DraFeatures(True, True, "served: partitionable devices, binding conditions")
 NONE = DraFeatures(False, False, "not served: partitionable devices, binding conditions")
@@ -188,8 +191,10 @@ def test_the_wiring_without_the_flag_keeps_reactive_slices_and_an_idle_relay() -
         assert state.offer_publishing == publishing
         if publishing:
             assert state.publisher.slices == state.offers.slices
+            assert state.publisher.needs == state.offers.needs
         else:
             assert state.publisher.slices is None  # node_slices, as before
+            assert state.publisher.needs is None  # every change written at once
         assert not relay.offered("a")
         state.offers.assign("pa", ["a"], NodeOffer("pa", EVERY_PROFILE))
         assert relay.offered("a")  # the relay's predicate: the node's policy offers
@@ -460,3 +465,196 @@ def test_the_waiting_index_tells_which_pods_the_scheduler_found_unschedulable() 
     assert "unschedulable" not in fresh  # as before: a reactive cluster's entries are unchanged
     [tried] = (waiting_entry(waiting.unschedulable().obj()) or {}).values()
     assert tried["unschedulable"] is True
+
+
+# ------------------------------------------------------------------ what the scheduler needs now
+
+
+def test_a_change_the_scheduler_can_act_on_is_needed_at_once() -> None:
+    """`scheduler_needs`: what a pool write must not wait for. Placement `gpu-1-3g40gb-4` is
+    held by a claim throughout unless said otherwise."""
+    held = frozenset({"gpu-1-3g40gb-4"})
+    empty = node(gpu(0), gpu(1))
+    pool = offer_pool(empty, EVERY_PROFILE, frozenset(), True, held, frozenset())
+
+    def needs(after: list[SliceContent], allocated: frozenset[str] = held) -> bool:
+        return scheduler_needs(pool, after, allocated)
+
+    assert not needs(pool)
+    # a free instance made by a round: it may be allocated (and its counters must count)
+    made = node(gpu(0, ("1g.10gb", 6, "Free")), gpu(1))
+    assert needs(offer_pool(made, EVERY_PROFILE, frozenset(), True, held, frozenset()))
+    # a profile no longer permitted: its placements must not be allocated
+    deny = PolicyView(allowed=None, denied=frozenset({"1g.10gb"}))
+    assert needs(offer_pool(empty, deny, frozenset(), True, held, frozenset()))
+    # the held placement failed: tainted before its claim is failed
+    failure = FailedInstance(gpu=1, profile="3g.40gb", start=4, reason="NvmlError", message="x")
+    failed = node(gpu(0), gpu(1), failed=[failure])
+    assert needs(offer_pool(failed, EVERY_PROFILE, frozenset(), True, held, frozenset()))
+    # its claim let go: the placements beside it may be allocated again
+    released = offer_pool(empty, EVERY_PROFILE, frozenset(), True, frozenset(), frozenset())
+    assert needs(released, frozenset())
+    # a withdrawn free instance: tainted before the destroy protocol goes on
+    free = node(gpu(0, ("7g.80gb", 0, "Free")), gpu(1))
+    before = offer_pool(free, EVERY_PROFILE, frozenset(), True, held, frozenset())
+    withdrawn = frozenset({"gpu-0-7g80gb-0"})
+    after = offer_pool(free, EVERY_PROFILE, withdrawn, True, held, frozenset())
+    assert scheduler_needs(before, after, held)
+
+
+def test_a_free_instance_let_go_must_not_wait_behind_the_placements() -> None:
+    """Allocated, a free instance moves behind the offer (the scheduler cannot take it twice:
+    that may wait); let go, it must come first again at once, or first fit gives its next pod
+    a new placement instead."""
+    n = node(gpu(0, ("3g.40gb", 4, "Free")), gpu(1))
+    taken = frozenset({"gpu-0-3g40gb-4"})
+    offered_ = offer_pool(n, EVERY_PROFILE, frozenset(), True, frozenset(), frozenset())
+    held = offer_pool(n, EVERY_PROFILE, frozenset(), True, taken, frozenset())
+    assert next(iter(by_name(offered_))) == "gpu-0-3g40gb-4"
+    assert list(by_name(held))[-1] == "gpu-0-3g40gb-4"
+    assert not scheduler_needs(offered_, held, taken)
+    assert scheduler_needs(held, offered_, frozenset())
+
+
+# ------------------------------------------------------------------ pool writes per allocation
+
+GPUS = 8  # a full node: 8 H100s, every placement offered is 200 devices in 5 slices
+
+
+def full_node(
+    revision: int, *instances: tuple[str, int, str], spec: MigNodeSpec | None = None
+) -> MigNode:
+    """MigNode `a`: 8 H100s, `instances` on GPU 0 (profile, start, state)."""
+    gpus = [gpu(0, *instances), *(gpu(i) for i in range(1, GPUS))]
+    return MigNode(
+        metadata={"name": "a", "resourceVersion": str(revision)},
+        spec=spec,
+        status=MigNodeStatus(gpus=gpus),
+    )
+
+
+class NodeSlices:
+    """Node `a` offering under policy `pa` through the slice publisher on the in-memory slice
+    store, with `needs` (`holding_back`) or without it (every change written at once, as
+    before), and the devices claims hold there (`held`, what the relay tells)."""
+
+    def __init__(self, body: MigNode, holding_back: bool) -> None:
+        self.store = SliceStore()
+        self.held: set[str] = set()
+        self.offers = Offers(held=lambda node: frozenset(self.held))
+        self.offers.assign("pa", ["a"], NodeOffer("pa", EVERY_PROFILE))
+        self.clock = ManualClock()
+        self.publisher = SlicePublisher(
+            cast(Any, self.store),
+            slices=self.offers.slices,
+            needs=self.offers.needs if holding_back else None,
+            clock=self.clock,
+        )
+        self.node = body
+        self.publisher.observe(body)
+
+    async def start(self) -> int:
+        """The node's first pool; returns how many slices it has."""
+        assert (await self.publisher.publish("a")).written
+        self.store.requests.clear()
+        return len(self.store.pool("a"))
+
+    def stored(self) -> list[dict[str, Any]]:
+        """The devices of the stored pool, in the order kube-scheduler tries them."""
+        return [
+            d
+            for _, body in sorted(self.store.slices.items())
+            for d in body["spec"].get("devices", [])
+        ]
+
+    def first_fit(self, profile: str) -> str:
+        """The device a claim for `profile` gets on a pool no claim holds anything of yet:
+        the first of that profile in the stored order."""
+        return next(
+            str(d["name"]) for d in self.stored() if d["attributes"]["profile"]["string"] == profile
+        )
+
+    async def publish(self, body: MigNode | None = None, compute: bool = False) -> tuple[int, int]:
+        """Publish as the operator does after an event: a MigNode event (`body`), the held
+        devices changed (`compute`: the relay's `changed`), or neither (the publish the MigNode
+        watch makes once a held-back change may wait no longer). Returns (pools written,
+        slice requests: created, replaced and deleted). Every held device stays listed in the
+        stored pool."""
+        taken = len(self.store.requests)
+        if body is not None:
+            self.node = body
+            self.publisher.observe(body)
+        if compute:
+            self.publisher.invalidate("a")
+        result = await self.publisher.publish("a")
+        writes = [m for m, _ in self.store.requests[taken:] if m != "GET"]
+        assert self.held <= {str(d["name"]) for d in self.stored()}
+        return int(result.written), len(writes)
+
+
+async def new_placement_allocated(holding_back: bool) -> tuple[int, list[tuple[int, int]], Any]:
+    """One claim for a 3g.40gb on a node with 8 empty H100s, from allocation to instance
+    created, then the steering delay, then the claim let go: the pool's slice count, (pools,
+    slices) written at each step, and the stored pool at the end."""
+    world = NodeSlices(full_node(1), holding_back)
+    size = await world.start()
+    device = world.first_fit("3g.40gb")
+    where = placements(world.node)[device]
+    assert where.gpu == 0
+    steps: list[tuple[int, int]] = []
+    world.held.add(device)  # kube-scheduler allocated the placement: the relay tells
+    steps.append(await world.publish(compute=True))
+    decision = relay(world.node, [("ns/c1", device)])  # the relay writes it into the spec
+    assert decision.spec is not None
+    steps.append(await world.publish(full_node(2, spec=decision.spec)))
+    created = (where.instance.profile, where.instance.start, "Free")  # the agent created it
+    steps.append(await world.publish(full_node(3, created, spec=decision.spec)))
+    # the relay writes instance-ready into the claim: the devices held do not change
+    world.clock.advance(STEERING_DELAY_S)
+    steps.append(await world.publish())
+    world.held.clear()  # the claim let go of it
+    steps.append(await world.publish(compute=True))
+    return size, steps, world.stored()
+
+
+async def free_instance_allocated(holding_back: bool) -> tuple[int, list[tuple[int, int]], Any]:
+    """The same for a free 3g.40gb instance on GPU 0: allocation, prepared by kubelet (the
+    agent's status says so), the steering delay."""
+    world = NodeSlices(full_node(1, ("3g.40gb", 4, "Free")), holding_back)
+    size = await world.start()
+    device = world.first_fit("3g.40gb")
+    assert device == "gpu-0-3g40gb-4"  # the free instance comes first
+    steps: list[tuple[int, int]] = []
+    world.held.add(device)
+    steps.append(await world.publish(compute=True))
+    steps.append(await world.publish(full_node(2, ("3g.40gb", 4, "Prepared"))))
+    world.clock.advance(STEERING_DELAY_S)
+    steps.append(await world.publish())
+    return size, steps, world.stored()
+
+
+async def test_an_allocation_of_a_new_placement_writes_the_pool_once_after_the_delay() -> None:
+    """Every change written at once (before): the allocation (200 devices to 190: 4 slices
+    replaced, 1 deleted) and the instance created (4 replaced) each rewrite the node's pool.
+    Held back: neither can be acted on while the claim holds the placement (the placements
+    beside it are blocked by its counters, and a held device's other fields are not read),
+    so the pool is written once, when the steering delay is over, and at once when the claim
+    lets go (the instance, free, must come before the placements). Both end with the same
+    pool."""
+    size, before, pool_before = await new_placement_allocated(holding_back=False)
+    assert size == 5
+    assert before == [(1, 5), (0, 0), (1, 4), (0, 0), (1, 4)]
+    _, after, pool_after = await new_placement_allocated(holding_back=True)
+    assert after == [(0, 0), (0, 0), (0, 0), (1, 5), (1, 4)]
+    assert pool_after == pool_before
+
+
+async def test_an_allocation_of_a_free_instance_writes_the_pool_once_after_the_delay() -> None:
+    """Before: the allocation moves the instance behind the offer, and the whole pool (190
+    devices, 4 slices) is rewritten for it. Held back: written once, after the delay."""
+    size, before, pool_before = await free_instance_allocated(holding_back=False)
+    assert size == 4
+    assert before == [(1, 4), (0, 0), (0, 0)]
+    _, after, pool_after = await free_instance_allocated(holding_back=True)
+    assert after == [(0, 0), (0, 0), (1, 4)]
+    assert pool_after == pool_before

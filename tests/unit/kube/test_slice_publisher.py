@@ -1,6 +1,6 @@
 """The slice writer: what it writes and when it writes nothing (no API call: the publisher has
-no client in these tests), the MigNode bodies it keeps, and its view of a slice after a write
-raced a deletion."""
+no client in these tests), the MigNode bodies it keeps, its view of a slice after a write
+raced a deletion, and how long a change it may hold back (offer mode) waits."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 from migpart.api.models import (
     MigNode,
 )
+from migpart.clock import ManualClock
 from migpart.dra import DRIVER
 from migpart.kube import slice_publisher
-from migpart.kube.slice_publisher import SlicePublisher, SlicesFn
+from migpart.kube.slice_publisher import STEERING_DELAY_S, SlicePublisher, SlicesFn
 from migpart.kube.slice_watch import SliceState
 from migpart.mig import Instance, builtin_table
 from migpart.offer_content import offer_slices
@@ -323,3 +324,42 @@ async def test_a_slice_deleted_underneath_is_created_again_in_the_pools_next_gen
     result = await publisher.publish("n1")
     assert result.written
     assert set(store.pool("n1").values()) == {(2, 3)}
+
+
+async def test_a_change_waits_only_over_the_pool_last_written_and_only_so_long() -> None:
+    """With `needs` saying no change is needed now: a change waits while the pool holds what
+    the publisher last wrote, up to `steering_delay_s` from the first change held back; a
+    slice deleted underneath is written again at once, with whatever waited."""
+    store = SliceStore()
+    clock = ManualClock()
+    asked: list[tuple[int, int]] = []
+
+    def needs(node: str, published: list[SliceContent], wanted: list[SliceContent]) -> bool:
+        asked.append((len(published), len(wanted)))
+        return False
+
+    publisher = SlicePublisher(
+        cast(Any, store), slices=offering(every_placement(4)), needs=needs, clock=clock
+    )
+    publisher.observe(offer_node())
+    assert (await publisher.publish("n1")).written  # nothing written before: not asked
+    assert asked == []
+    publisher.observe(offer_node(("7g.80gb", 0, "Free")))
+    held = await publisher.publish("n1")
+    assert (held.written, held.deferred, held.generation) == (False, True, 1)
+    assert asked == [(3, 3)]
+    clock.advance(STEERING_DELAY_S - 1)
+    publisher.observe(offer_node(("3g.40gb", 0, "Free")))  # another change
+    assert (await publisher.publish("n1")).deferred  # still within the delay of the first
+    clock.advance(1)
+    late = await publisher.publish("n1")
+    assert (late.written, late.deferred, late.generation) == (True, False, 2)
+    assert publisher.held_back == 2
+    # held back again, then a slice is deleted underneath: written at once
+    publisher.observe(offer_node())
+    assert (await publisher.publish("n1")).deferred
+    body = store.slices.pop(slice_name("n1", 2))
+    assert publisher.view.deleted(body) == "n1"
+    again = await publisher.publish("n1")
+    assert (again.written, again.generation) == (True, 3)
+    assert set(store.pool("n1").values()) == {(3, 3)}
