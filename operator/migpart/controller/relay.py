@@ -143,8 +143,8 @@ def relay(
     desired = node.desired()
     dropped = abandoned(node, (device for _, device in held))
     gone: dict[int, set[Instance]] = {}
-    for where in dropped.values():
-        gone.setdefault(where.gpu, set()).add(where.instance)
+    for place in dropped.values():
+        gone.setdefault(place.gpu, set()).add(place.instance)
     cooling = set(backing_off)
     kept: dict[int, set[Instance]] = {}
     added: dict[int, list[Instance]] = {}
