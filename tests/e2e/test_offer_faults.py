@@ -4,7 +4,9 @@ kube-scheduler, agents on simulated NVML, the operator started with `--offer-pub
 - An NVML error at create: the node the pod prefers answers INSUFFICIENT_RESOURCES to every
   create (`--sim-faults create_insufficient=1.0`). On 1.36+ the scheduler allocates its
   offered placement, the relay writes the failure condition, and the pod is sent back and runs
-  on the other node; nothing on the failing node is destroyed or left half made.
+  on the other node; nothing on the failing node is destroyed or left half made, and once no
+  claim holds the failed placement the relay drops it from the spec (the agent stops
+  retrying it) and the node does not offer it again meanwhile (its back-off).
 - The operator SIGKILLed with an allocation in flight: once before the relay saw it, once after
   the relay wrote the spec but before the (stopped) agent created it. On 1.36+ the pod waits in
   PreBind meanwhile; the operator started again picks the allocation up and the pod runs on the
@@ -90,6 +92,21 @@ def wanted(sc: Scenario, node: str) -> int:
     return sum(len(g.get("instances") or []) for g in spec.get("gpus") or [])
 
 
+def dropped(sc: Scenario, node: str, placement: str) -> bool:
+    """Whether the node's spec no longer wants `placement` (`profile@start` on GPU 0) and its
+    agent carried that spec out without reporting any placement failed."""
+    body = sc.mignode(node)
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    wants = [
+        f"{i['profile']}@{i['start']}"
+        for g in spec.get("gpus") or []
+        if g["index"] == 0
+        for i in g.get("instances") or []
+    ]
+    carried_out = status.get("observedPlanId") == spec.get("planId")
+    return placement not in wants and carried_out and not status.get("failedInstances")
+
+
 def unschedulable(sc: Scenario, pod: str) -> bool:
     return any(e["involvedObject"].get("name") == pod for e in events(sc, "FailedScheduling"))
 
@@ -125,18 +142,26 @@ def test_an_nvml_error_at_create_sends_the_pod_to_another_node(
     assert created(scenario, failing) == []
     assert agent_log(scenario, failing, "mig_instance_destroyed") == []
     # ... though it was tried there first
-    failed = scenario.mignode(failing)["status"].get("failedInstances") or []
-    assert [(f["profile"], f["start"], f["reason"]) for f in failed] == [(WHOLE, 0, "NvmlError")]
     assert agent_log(scenario, failing, "mig_instance_create_failed")
     if SERVED:
-        # allocated there first, failed, sent back, and not offered there again
+        # allocated there first, failed, sent back
         warnings = events(scenario, "NvmlError")
         assert warnings, "no NvmlError Warning on the claim"
         for event in warnings:
             assert event["type"] == "Warning"
             assert event["involvedObject"]["kind"] == "ResourceClaim"
             assert event["message"].startswith(f"{WHOLE_DEVICE} on node {failing}: ")
+        # no claim holds the failed placement any more: the relay dropped it from the spec
+        # (nothing there to destroy), the agent no longer tries it, and the node does not
+        # offer it again before its back-off ends
+        scenario.eventually(
+            f"{WHOLE} dropped from {failing}'s spec, no longer reported failed",
+            lambda: dropped(scenario, failing, f"{WHOLE}@0"),
+            STEP_S,
+        )
         assert WHOLE_DEVICE not in offered(scenario, failing)
+        assert instances(scenario, failing) == {}
+        assert agent_log(scenario, failing, "mig_instance_destroyed") == []
         # on the healthy node: the offered placement, made ready by the relay; or, where the
         # attempt that deallocated the claim marked the pod Unschedulable, the instance a
         # round made there first, which needs no binding condition
@@ -149,7 +174,12 @@ def test_an_nvml_error_at_create_sends_the_pod_to_another_node(
         how = "an offered placement" if result.get("bindingConditions") else "a round's instance"
         print(f"failed on {failing} {attempts}x, served on {healthy} by {how}")  # pytest -rA
     else:
-        # planned there first (the first node on ties), then, the create failed, elsewhere
+        # planned there first (the first node on ties), then, the create failed, elsewhere;
+        # no relay in Reactive mode: the round's failed placement stays wanted and failed
+        failed = scenario.mignode(failing)["status"].get("failedInstances") or []
+        assert [(f["profile"], f["start"], f["reason"]) for f in failed] == [
+            (WHOLE, 0, "NvmlError")
+        ]
         assert scenario.get("gpp", scenario.pool)["status"]["allocation"]["mode"] == "Reactive"
 
 

@@ -85,8 +85,11 @@ class Effects(Protocol):
         """Every ResourceClaim, by a quorum read (newer than any write before the call)."""
         ...
 
-    async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
-        """Replace the MigNode's spec; returns the whole object as written."""
+    async def write_spec(
+        self, node: str, spec: MigNodeSpec, resource_version: str | None = None
+    ) -> dict[str, Any]:
+        """Replace the MigNode's spec; returns the whole object as written. With
+        `resource_version`, only over the MigNode as it was read (else ApiException 409)."""
         ...
 
     async def write_status(self, policy: str, status: GpuPartitionPolicyStatus) -> None: ...
@@ -199,9 +202,13 @@ class KubeEffects(FencedPort):
     async def read_claims(self) -> list[dict[str, Any]]:
         return await list_claims_quorum(self.api)
 
-    async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
+    async def write_spec(
+        self, node: str, spec: MigNodeSpec, resource_version: str | None = None
+    ) -> dict[str, Any]:
         self._fence("spec", node)
-        written = await patch_mignode_spec(self.api, node, stamped(spec, self.term))
+        written = await patch_mignode_spec(
+            self.api, node, stamped(spec, self.term), resource_version
+        )
         view = self.scopes.node(node, written)
         self.publisher.observe(view.node if view else MigNode.model_validate(strip(written)))
         return written
@@ -259,7 +266,8 @@ class InMemoryEffects(FencedPort):
     `claims` is what the quorum read returns (`claim_reads` counts the reads);
     `on_withdraw(node, devices)` runs after a withdrawal (a test allocates a claim there, as a
     racing scheduler would). Written specs come back as MigNode bodies at increasing
-    resourceVersions, on top of `mignodes`.
+    resourceVersions (above the one they replace), on top of `mignodes`; a spec written over a
+    resourceVersion that is no longer the body's raises a 409, as the API server does.
     `leadership` and `term` fence it as they fence `KubeEffects`; refused writes are recorded
     in `refused` (and not carried out).
     """
@@ -327,12 +335,17 @@ class InMemoryEffects(FencedPort):
         self.claim_reads += 1
         return list(self.claims)
 
-    async def write_spec(self, node: str, spec: MigNodeSpec) -> dict[str, Any]:
+    async def write_spec(
+        self, node: str, spec: MigNodeSpec, resource_version: str | None = None
+    ) -> dict[str, Any]:
         self._fence("spec", node)
+        body = dict(self.mignodes.get(node) or {"metadata": {"name": node}})
+        current = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        if resource_version is not None and resource_version != current:
+            raise ApiException(status=409, reason="Conflict")
         spec = stamped(spec, self.term)
         self.specs.append((node, spec))
-        self._revision += 1
-        body = dict(self.mignodes.get(node) or {"metadata": {"name": node}})
+        self._revision = max(self._revision, int(current) if current.isdigit() else 0) + 1
         body["metadata"] = {**body.get("metadata", {}), "resourceVersion": str(self._revision)}
         body["spec"] = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
         self.mignodes[node] = body

@@ -254,6 +254,7 @@ def _wire_offers(state: OperatorState, publishing: bool, mignodes: MigNodeWatch)
         held=relay.held,
         refused=lambda node: relay.refused.get(node, frozenset()),
         on_change=recompute,
+        backing_off=relay.backing_off,
     )
     if publishing:
         publisher.slices = state.offers.slices
@@ -379,6 +380,8 @@ async def resync_slices(state: OperatorState, period_s: float = SLICE_RESYNC_S) 
     """
     while True:
         await state.clock.sleep(period_s)
+        if state.relay is not None:
+            state.relay.expire()  # the offer relay's back-offs that ended: offered again
         for name in state.publisher.nodes():
             if not state.publishing():
                 break

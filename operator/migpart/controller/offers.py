@@ -7,16 +7,18 @@ then every node in the scope of a policy whose mode in effect is Offer
 for it; every other node keeps reactive mode's `node_slices`, byte for byte.
 
 What the pool depends on besides the MigNode (which the publisher sees): the policy that covers
-the node (a round tells it, `Offers.assign`), the devices claims hold there and the placements
-the relay refused (the relay tells them, `Offers.touch`). Each change makes the publisher
-compute the node's slices again (`on_change`: invalidate and publish). Not every change is
-written at once: `Offers.needs`, given to the publisher as its `needs`, lets one that
-kube-scheduler cannot act on while the node's allocations stand wait a few seconds
-(`migpart.offer_content.scheduler_needs`; docs/offer-mode.md, "What may wait").
+the node (a round tells it, `Offers.assign`), the devices claims hold there, the placements
+the relay refused and those it dropped and backs off from (the relay tells them,
+`Offers.touch`). Each change makes the publisher compute the node's slices again
+(`on_change`: invalidate and publish). Not every change is written at once: `Offers.needs`,
+given to the publisher as its `needs`, lets one that kube-scheduler cannot act on while the
+node's allocations stand wait a few seconds (`migpart.offer_content.scheduler_needs`;
+docs/offer-mode.md, "What may wait").
 
 What is not offered (docs/offer-mode.md, "Turning it on"): placements that would displace free
 instances (the relay creates a placement only where nothing is; destroying a free instance is
-the destroy protocol's, i.e. a planning round's), placements whose creation failed, and, on a
+the destroy protocol's, i.e. a planning round's), placements whose creation failed (while the
+agent reports it, and for the relay's back-off once it dropped them from the spec), and, on a
 GPU a multi-GPU request holds whole, nothing is held back yet. A round of an offering policy
 plans only for claims whose pods the scheduler found unschedulable (`unschedulable_requests`):
 the others are served from the offer, and a round would only race the scheduler for them.
@@ -103,9 +105,12 @@ def offer_pool(
     held: frozenset[str],
     refused: frozenset[str],
     cache: DeviceCache | None = None,
+    backing_off: frozenset[str] = frozenset(),
 ) -> list[SliceContent]:
     """The slices of an offering node's pool (pure): its offer, every device a claim holds,
-    and the placements that failed (the agent's, or the relay's `refused`) tainted."""
+    and the placements that failed (the agent's, the relay's `refused`, and those it dropped
+    and backs off from: `backing_off`) left out of the offer, tainted where a claim holds
+    one."""
     return offer_slices(
         node,
         node_offer(node, view, held),
@@ -114,8 +119,8 @@ def offer_pool(
         allocated=held,
         cache=cache,
         # a refused placement no claim holds any more is not offered again by itself (it
-        # overlaps what the GPU keeps)
-        failed=failed_placements(node) | (refused & held),
+        # overlaps what the GPU keeps); a dropped one is free space again, hence the back-off
+        failed=failed_placements(node) | (refused & held) | backing_off,
     )
 
 
@@ -144,11 +149,14 @@ class Offers:
     """The nodes that publish offers now, and the publisher's `slices` function.
 
     `held(node)`: the device names claims hold on the node; `refused(node)`: placements the
-    relay refused there; `on_change(node)`: the node's slices must be computed again."""
+    relay refused there; `backing_off(node)`: placements the relay dropped there lately
+    because they could not be created; `on_change(node)`: the node's slices must be computed
+    again."""
 
     held: Callable[[str], frozenset[str]] = _none
     refused: Callable[[str], frozenset[str]] = _none
     on_change: Callable[[str], None] = _ignore
+    backing_off: Callable[[str], frozenset[str]] = _none
     _nodes: dict[str, NodeOffer] = field(default_factory=dict)
 
     def offered(self, node: str) -> bool:
@@ -181,7 +189,8 @@ class Offers:
         return self.assign(policy, (), None)
 
     def touch(self, node: str) -> None:
-        """The devices held on `node`, or the placements refused there, changed."""
+        """The devices held on `node`, or the placements refused or backing off there,
+        changed."""
         if node in self._nodes:
             self.on_change(node)
 
@@ -195,7 +204,14 @@ class Offers:
         if known is None:
             return node_slices(node, withdrawn, available, cache)
         return offer_pool(
-            node, known.view, withdrawn, available, self.held(name), self.refused(name), cache
+            node,
+            known.view,
+            withdrawn,
+            available,
+            self.held(name),
+            self.refused(name),
+            cache,
+            self.backing_off(name),
         )
 
     def needs(self, node: str, published: list[SliceContent], wanted: list[SliceContent]) -> bool:

@@ -34,12 +34,14 @@ from migpart.controller.decisions import node_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
 from migpart.controller.indexes import newest_mignode, with_own_writes
 from migpart.controller.offers import NodeOffer, unschedulable_requests
+from migpart.controller.relay import existing
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
 from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import as_iso
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.snapshot import SnapshotCache, node_name, reconfiguring
+from migpart.mig import device_name
 from migpart.planning.changes import changed_nodes, choose_nodes, layout_changes
 from migpart.planning.model import GpuPlan, Plan, Snapshot
 from migpart.planning.overtime import aged_requests
@@ -168,6 +170,10 @@ class PolicyRound:
     ) -> tuple[RoundResult, LastPlan | None]:
         began = time.perf_counter()
         allocated = self.destroy.allocated(self.cluster.claims)
+        if self.state.relay is not None:
+            # placements the relay dropped because they could not be created: used, so that
+            # nothing is planned there before their back-off ends (`without_backoffs`)
+            allocated |= self.state.relay.backing_off_devices()
         # The planner is a pure function of these: the same inputs give the same plan, whose
         # changes were written (then the nodes differ now) or could not be (nothing changed,
         # or every changed node still reconfiguring: `nodes` holds their status too).
@@ -212,7 +218,7 @@ class PolicyRound:
         busy = {node_name(n) for n in scope.nodes if reconfiguring(n)}
         chosen = choose_nodes(changed, busy, plan, policy.spec.reconfiguration.max_concurrent_nodes)
         plan_id = uuid.uuid4().hex[:16]
-        targets = [g for g in plan.gpus if g.node in chosen]
+        targets = self.without_backoffs([g for g in plan.gpus if g.node in chosen], scope)
         created = sum(len(c[1] - c[0]) for (node, _), c in changes.items() if node in chosen)
         destroyed = sum(len(c[0] - c[1]) for (node, _), c in changes.items() if node in chosen)
         last_plan = LastPlan(
@@ -255,6 +261,30 @@ class PolicyRound:
         work = [(by_name[name], [g for g in targets if g.node == name]) for name in chosen]
         with self.destroy.owning(chosen):
             return await self.reconfigure(work, plan_id, result, last_plan)
+
+    def without_backoffs(self, targets: list[GpuPlan], scope: Scope) -> list[GpuPlan]:
+        """`targets` less the placements the offer relay backs off from that do not exist
+        (controller/offer_relay.py): the snapshot counts them as used, so that nothing is
+        planned over them, but no spec may want them again before their back-off ends."""
+        relay = self.state.relay
+        if relay is None or not relay.backoffs:
+            return targets
+        nodes = {node_name(n): n for n in scope.nodes}
+        out: list[GpuPlan] = []
+        for target in targets:
+            leave_out = relay.backing_off(target.node)
+            node = nodes.get(target.node)
+            if not leave_out or node is None:
+                out.append(target)
+                continue
+            made = existing(node).get(target.index, {})
+            instances = tuple(
+                i
+                for i in target.instances
+                if i in made or device_name(target.index, i.profile, i.start) not in leave_out
+            )
+            out.append(replace(target, instances=instances))
+        return out
 
     async def reconfigure(
         self,

@@ -13,11 +13,17 @@ The operator then, between planning rounds (`controller/offer_relay.py` carries 
 2. once the agent reports the instance, sets `INSTANCE_READY` on the claim; when the agent
    reports it failed (`status.failedInstances`), or the placement conflicts, sets
    `INSTANCE_FAILED` with the reason, and kube-scheduler sends the pod back to scheduling
-   (`binding_entries`).
+   (`binding_entries`);
+3. drops from the spec each placement the agent could not create once no claim holds it any
+   more (`abandoned`): nothing exists there, so nothing is destroyed, and the agent stops
+   retrying it. Without that the failed placement would stay wanted for ever, and the planner,
+   which counts it as used (`kube.snapshot`), would never give its space to anything else. A
+   placement dropped so is not created again for a while (the relay's back-off,
+   `controller/offer_relay.py`): one a claim holds meanwhile fails at once (`backed_off`).
 
-The spec `relay` writes keeps everything the spec wanted and gets a new planId derived from the
-previous one (`relayed_plan_id`), so that the node counts as reconfiguring until the agent
-created the placement. The planner counts an allocated placement as a used instance
+The spec `relay` writes keeps everything else the spec wanted and gets a new planId derived from
+the previous one (`relayed_plan_id`), so that the node counts as reconfiguring until the agent
+carried it out. The planner counts an allocated placement as a used instance
 (`kube.snapshot`), so the next round keeps it.
 """
 
@@ -31,6 +37,10 @@ from typing import Any
 from migpart.api.models import FailedInstance, GpuSpec, MigInstanceSpec, MigNode, MigNodeSpec
 from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY, DeviceId
 from migpart.mig import Instance, ModelTable, device_name, layout_problems
+
+# The reason of the failure condition of a claim allocated a placement the relay dropped lately
+# because the agent could not create it (`RelayDecision.backed_off`).
+BACKING_OFF = "PlacementBackingOff"
 
 Body = Mapping[str, Any]
 
@@ -71,10 +81,14 @@ def existing(node: MigNode) -> dict[int, dict[Instance, str]]:
 class RelayDecision:
     """What `relay` decided for one node."""
 
-    spec: MigNodeSpec | None  # the spec to write; None: nothing to add
+    spec: MigNodeSpec | None  # the spec to write; None: nothing to add or drop
     added: tuple[str, ...] = ()
     # (claim key, device) -> why the placement cannot be created
     conflicts: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # the placements the spec drops (`abandoned`): it must be written over the MigNode as read
+    dropped: tuple[str, ...] = ()
+    # (claim key, device) -> why a placement in its back-off is not added again
+    backed_off: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
 def relayed_plan_id(previous: str | None, added: Iterable[str]) -> str:
@@ -86,28 +100,62 @@ def relayed_plan_id(previous: str | None, added: Iterable[str]) -> str:
     return f"{base}+{digest[:12]}"
 
 
-def relay(node: MigNode, held: Sequence[tuple[str, str]]) -> RelayDecision:
-    """The spec adding the placements that `held` names on `node` and that have no instance.
+def abandoned(node: MigNode, held: Iterable[str]) -> dict[str, Placement]:
+    """The placements the spec wants that the agent reports it could not create
+    (`status.failedInstances`), that do not exist, not even half made, on a GPU the agent
+    reports, and that no device name in `held` (what claims hold on the node) names: nothing
+    waits for them, and the agent would retry them for ever. Dropping them from the spec
+    destroys nothing."""
+    if node.status is None or not node.status.failed_instances:
+        return {}
+    desired = node.desired()
+    actual = existing(node)
+    table = placements(node)
+    holding = set(held)
+    out: dict[str, Placement] = {}
+    for failure in node.status.failed_instances:
+        name = device_name(failure.gpu, failure.profile, failure.start)
+        where = table.get(name)
+        if where is None or name in holding or where.gpu not in actual:
+            continue
+        if where.instance in desired.get(where.gpu, ()) and where.instance not in actual[where.gpu]:
+            out[name] = where
+    return out
+
+
+def relay(
+    node: MigNode, held: Sequence[tuple[str, str]], backing_off: Iterable[str] = ()
+) -> RelayDecision:
+    """The spec adding the placements that `held` names on `node` and that have no instance,
+    and dropping the ones the agent could not create that no claim holds (`abandoned`).
 
     `held`: (claim key, device name) of our devices that claims' allocations name in the
     node's pool. A device already in the spec, or that exists, is left as it is
     (idempotent); one that is not a placement of the node is ignored. Placements are taken
     in the order: those the spec has, then by claim key; one that does not fit next to what
-    the GPU keeps (what the spec wants, or what exists where the spec does not list the
-    GPU, plus every instance in use) and what was added before it is a conflict.
+    the GPU keeps (what the spec wants less what is dropped, or what exists where the spec
+    does not list the GPU, plus every instance in use) and what was added before it is a
+    conflict. `backing_off`: placements dropped lately (the relay's back-off); one a claim
+    holds is not added again but `backed_off`.
     """
     table = placements(node)
     actual = existing(node)
     desired = node.desired()
+    dropped = abandoned(node, (device for _, device in held))
+    gone: dict[int, set[Instance]] = {}
+    for place in dropped.values():
+        gone.setdefault(place.gpu, set()).add(place.instance)
+    cooling = set(backing_off)
     kept: dict[int, set[Instance]] = {}
     added: dict[int, list[Instance]] = {}
     names: list[str] = []
     conflicts: dict[tuple[str, str], str] = {}
+    backed_off: dict[tuple[str, str], str] = {}
 
     def keeps(gpu: int) -> set[Instance]:
         if gpu not in kept:
             now = actual.get(gpu, {})
-            base = set(desired[gpu]) if gpu in desired else set(now)
+            base = set(desired[gpu]) - gone.get(gpu, set()) if gpu in desired else set(now)
             kept[gpu] = base | {i for i, state in now.items() if state != "Free"}
         return kept[gpu]
 
@@ -123,6 +171,12 @@ def relay(node: MigNode, held: Sequence[tuple[str, str]]) -> RelayDecision:
         keep = keeps(where.gpu)
         if where.instance in keep:
             continue
+        if device in cooling:
+            what = f"{where.instance.profile}@{where.instance.start} on GPU {where.gpu}"
+            backed_off[(key, device)] = (
+                f"{what} could not be created lately; not tried again before its back-off ends"
+            )
+            continue
         problems = layout_problems(where.table, [where.instance, *sorted(keep)])
         if problems:
             conflicts[(key, device)] = _conflict(where, keep)
@@ -130,9 +184,18 @@ def relay(node: MigNode, held: Sequence[tuple[str, str]]) -> RelayDecision:
         keep.add(where.instance)
         added.setdefault(where.gpu, []).append(where.instance)
         names.append(device)
-    if not names:
-        return RelayDecision(None, conflicts=conflicts)
-    return RelayDecision(_spec(node, kept, added, names), tuple(names), conflicts)
+    for gpu in gone:
+        keeps(gpu)
+    if not names and not dropped:
+        return RelayDecision(None, conflicts=conflicts, backed_off=backed_off)
+    changes = [*names, *(f"-{d}" for d in sorted(dropped))]
+    return RelayDecision(
+        _spec(node, kept, set(added) | set(gone), changes),
+        tuple(names),
+        conflicts,
+        tuple(sorted(dropped)),
+        backed_off,
+    )
 
 
 def _conflict(where: Placement, keep: set[Instance]) -> str:
@@ -151,12 +214,14 @@ def _conflict(where: Placement, keep: set[Instance]) -> str:
 def _spec(
     node: MigNode,
     kept: Mapping[int, set[Instance]],
-    added: Mapping[int, list[Instance]],
+    changed: Iterable[int],
     names: Sequence[str],
 ) -> MigNodeSpec:
+    """The node's spec with each GPU of `changed` wanting what it keeps; `names` says what
+    changed (for the planId)."""
     spec = node.spec if node.spec is not None and node.spec.plan_id is not None else None
     gpus = {g.index: g for g in spec.gpus} if spec is not None else {}
-    for index in added:
+    for index in sorted(changed):
         gpus[index] = GpuSpec(
             index=index,
             instances=[

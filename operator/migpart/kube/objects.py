@@ -21,10 +21,15 @@ from migpart.api.models import (
 MERGE_PATCH = "application/merge-patch+json"
 
 
-async def patch_mignode_spec(api: ApiClient, name: str, spec: MigNodeSpec) -> dict[str, Any]:
+async def patch_mignode_spec(
+    api: ApiClient, name: str, spec: MigNodeSpec, resource_version: str | None = None
+) -> dict[str, Any]:
     """Replace the desired layout of MigNode `name` (lists are replaced whole by a merge
-    patch, which is what a new plan means)."""
-    body = {"spec": spec.model_dump(by_alias=True, exclude_none=True, mode="json")}
+    patch, which is what a new plan means). With `resource_version`, only over the object as
+    it was read (a precondition: ApiException 409 where the agent wrote meanwhile)."""
+    body: dict[str, Any] = {"spec": spec.model_dump(by_alias=True, exclude_none=True, mode="json")}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
     result: dict[str, Any] = await CustomObjectsApi(api).patch_cluster_custom_object(
         GROUP,
         VERSION,

@@ -11,7 +11,9 @@ well, where it fits next to the others, so that no plan takes its memory slices 
 A desired instance the agent reports it could not create (`status.failedInstances`: an NVML
 error, an overlap) counts as used too while the failure lasts: no plan hands the pending claim
 it was planned for to an instance that is not there, so the claim is planned elsewhere, and no
-plan takes its place while the agent retries it.
+plan takes its place while the agent retries it. On a node that offers, the relay drops it from
+the spec once no claim holds it (`controller/relay.py`), and the round passes it among the
+`allocated` devices for the relay's back-off, so that it is not planned there again at once.
 """
 
 from __future__ import annotations

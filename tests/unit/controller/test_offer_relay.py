@@ -1,7 +1,9 @@
 """Offer mode's relay: a claim allocated a placement not created yet gets it added to the
-node's spec at once, then the binding condition the agent's report calls for. Each test tries
-to make it do more than that: overlapping allocations, an NVML error, a standby or a deposed
-leader, a placement already in the spec, the next planning round."""
+node's spec at once, then the binding condition the agent's report calls for; a placement the
+agent could not create leaves the spec once no claim holds it. Each test tries to make it do
+more than that: overlapping allocations, an NVML error, a standby or a deposed leader, a
+placement already in the spec, the next planning round, a retry that succeeded as the relay
+dropped it, a claim given it again, an operator started again."""
 
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ from migpart.api.models import (
 from migpart.clock import ManualClock
 from migpart.controller.effects import InMemoryEffects, Refused
 from migpart.controller.indexes import object_entry
-from migpart.controller.offer_relay import OfferRelay
+from migpart.controller.offer_relay import FAILED_BACKOFF_S, OfferRelay
+from migpart.controller.relay import BACKING_OFF
 from migpart.controller.state import OperatorState
-from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY, as_iso
+from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY, DeviceId, as_iso
 from migpart.kube.election import Term, Unelected
 from migpart.kube.watch import Index
 from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, profile_is
@@ -84,6 +87,12 @@ class Cluster:
         self.index.changed("MODIFIED", body)
         self.relay.node_changed("a")
         await self.relay.idle()
+
+    async def reported(self, body: Body) -> None:
+        """The agent wrote its status: the API server has it (what a spec is written over),
+        then the watch shows it."""
+        self.effects.mignodes["a"] = body
+        await self.agent(body)
 
     def wanted(self) -> list[tuple[str, int]]:
         spec = self.effects.specs[-1][1]
@@ -299,3 +308,141 @@ async def test_a_round_whose_node_the_relay_wrote_meanwhile_plans_again() -> Non
         wanted = {(i.profile, i.start) for g in spec.gpus for i in g.instances}
         assert ("3g.40gb", 4) in wanted
     assert len(world_.effects.specs) == 1  # the relay's; the round wrote none
+
+
+# ------------------------------------------------------------ a placement that failed
+
+
+def refused(profile: str, start: int) -> FailedInstance:
+    message = f"create {profile}@{start} on GPU 0: NVML_ERROR_INSUFFICIENT_RESOURCES"
+    return FailedInstance(gpu=0, profile=profile, start=start, reason="NvmlError", message=message)
+
+
+def sent_back(name: str, revision: int) -> Body:
+    """Claim `name` as kube-scheduler left it after its failure condition: deallocated."""
+    body = ClaimBuilder(name, "ns").uid(f"uid-{name}").revision(revision)
+    return body.request(profile_is("3g.40gb")).obj()
+
+
+async def failed_and_sent_back() -> Cluster:
+    """c1 was allocated 3g.40gb@4 next to a free 3g.40gb@0, the relay added it, NVML refused
+    it, and the scheduler deallocated c1 once it failed."""
+    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free")))
+    await world_.claim(offered("c1", "gpu-0-3g40gb-4"))
+    [(_, relayed)] = world_.effects.specs
+    failed = [refused("3g.40gb", 4)]
+    await world_.reported(node_body(2000, relayed, ("3g.40gb", 0, "Free"), failed=failed))
+    # c1 still holds it: failed, and kept wanted (the agent retries it)
+    [(_, devices)] = world_.effects.claim_devices
+    assert devices[0]["conditions"][0]["type"] == INSTANCE_FAILED
+    assert len(world_.effects.specs) == 1
+    await world_.claim(sent_back("c1", 3))
+    return world_
+
+
+async def test_a_failed_placement_leaves_the_spec_once_no_claim_holds_it() -> None:
+    world_ = await failed_and_sent_back()
+    [_, (_, dropped)] = world_.effects.specs
+    assert world_.wanted() == [("3g.40gb", 0)]  # the free instance stays
+    assert str(dropped.plan_id).startswith("p1+")
+    assert world_.relay.backing_off("a") == {"gpu-0-3g40gb-4"}
+    assert world_.relay.backing_off_devices() == {DeviceId("a", "gpu-0-3g40gb-4")}
+    # the agent carried it out and no longer reports it failed: nothing more to write
+    await world_.reported(node_body(3000, dropped, ("3g.40gb", 0, "Free")))
+    assert len(world_.effects.specs) == 2
+    assert len(world_.effects.claim_devices) == 1
+    # the back-off ends: offered, and planned, again
+    told: list[str] = []
+    world_.relay.changed = told.append
+    world_.relay.expire()
+    assert (world_.relay.backing_off("a"), told) == ({"gpu-0-3g40gb-4"}, [])
+    clock = world_.state.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(FAILED_BACKOFF_S)
+    world_.relay.expire()
+    assert (world_.relay.backing_off("a"), world_.relay.backoffs, told) == (set(), {}, ["a"])
+
+
+async def test_a_retry_the_agent_made_as_the_relay_dropped_it_is_kept() -> None:
+    """The watch still shows 3g.40gb@4 failed; the API server already has the agent's report
+    of its retry, which created it. The drop goes over the MigNode as the relay read it: a
+    409, nothing written; the next event shows a free instance, which the relay never drops
+    (only a round's destroy protocol may)."""
+    spec = spec_p1(("3g.40gb", 0), ("3g.40gb", 4))
+    seen = node_body(5, spec, ("3g.40gb", 0, "Free"), failed=[refused("3g.40gb", 4)])
+    made = node_body(6, spec, ("3g.40gb", 0, "Free"), ("3g.40gb", 4, "Free"))
+    world_ = Cluster(seen, InMemoryEffects(mignodes={"a": made}))
+    world_.relay.node_changed("a")
+    await world_.relay.idle()
+    assert world_.effects.specs == []
+    assert world_.relay.backing_off("a") == frozenset()  # the drop was not written
+    await world_.agent(made)
+    world_.relay.settle("a")
+    await world_.relay.idle()
+    assert world_.effects.specs == []
+    assert world_.effects.claim_devices == []
+
+
+async def test_a_claim_given_a_placement_backing_off_fails_at_once() -> None:
+    """After the drop, a claim is allocated the same placement (a slice published before
+    the back-off, an operator started again): it is not created again meanwhile."""
+    world_ = await failed_and_sent_back()
+    await world_.claim(offered("c2", "gpu-0-3g40gb-4", revision=4))
+    assert len(world_.effects.specs) == 2  # not added back
+    assert world_.wanted() == [("3g.40gb", 0)]
+    (key, devices) = world_.effects.claim_devices[-1]
+    [condition] = devices[0]["conditions"]
+    assert (key, condition["type"], condition["reason"]) == ("ns/c2", INSTANCE_FAILED, BACKING_OFF)
+    assert world_.effects.events[-1].reason == BACKING_OFF
+    assert world_.relay.refused == {"a": frozenset({"gpu-0-3g40gb-4"})}
+
+
+async def test_an_operator_started_again_drops_what_the_last_one_left() -> None:
+    """Killed after the claim was deallocated, before it dropped the placement: the new
+    leader knows no claim on the node, but its agent reports the failure."""
+    spec = spec_p1(("3g.40gb", 0), ("3g.40gb", 4))
+    world_ = Cluster(node_body(5, spec, ("3g.40gb", 0, "Free"), failed=[refused("3g.40gb", 4)]))
+    world_.relay.claims_listed([])
+    world_.relay.settle_all()
+    await world_.relay.idle()
+    assert world_.wanted() == [("3g.40gb", 0)]
+    assert world_.relay.backing_off("a") == {"gpu-0-3g40gb-4"}
+
+
+async def test_a_round_plans_nothing_on_a_placement_backing_off() -> None:
+    """7g.80gb@0 failed and was dropped; a pending claim fits nowhere else. The round counts
+    it as used until the back-off ends, then plans it again."""
+    world_ = Cluster(node_body(5, spec_p1(("7g.80gb", 0)), failed=[refused("7g.80gb", 0)], gpus=1))
+    world_.relay.settle_all()
+    await world_.relay.idle()
+    [(_, dropped)] = world_.effects.specs
+    done = node_body(3000, dropped, gpus=1)
+    await world_.reported(done)
+    await run(world_.state, world({"a": done}, [whole_gpu("c2")]))
+    assert len(world_.effects.specs) == 1
+    assert world_.state.plans["pa"][1].unsatisfied
+    clock = world_.state.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(FAILED_BACKOFF_S)
+    world_.relay.expire()
+    await run(world_.state, world({"a": done}, [whole_gpu("c2")]))
+    [_, (_, planned)] = world_.effects.specs
+    assert [(i.profile, i.start) for i in planned.gpus[0].instances] == [("7g.80gb", 0)]
+
+
+async def test_a_round_during_the_back_off_never_wants_the_placement_again() -> None:
+    """3g.40gb@4 failed and was dropped. A round that plans a 1g.10gb on the same GPU plans
+    beside it (it counts as used), and the spec it writes does not want it back."""
+    body = node_body(5, spec_p1(("3g.40gb", 4)), failed=[refused("3g.40gb", 4)], gpus=1)
+    world_ = Cluster(body)
+    world_.relay.settle_all()
+    await world_.relay.idle()
+    [(_, dropped)] = world_.effects.specs
+    done = node_body(3000, dropped, gpus=1)
+    await world_.reported(done)
+    small = ClaimBuilder("c3", "ns").uid("uid-c3").revision(1).request(profile_is("1g.10gb"))
+    await run(world_.state, world({"a": done}, [small.obj()]))
+    [_, (_, planned)] = world_.effects.specs
+    wanted = [(i.profile, i.start) for i in planned.gpus[0].instances]
+    assert [profile for profile, _ in wanted] == ["1g.10gb"]
+    assert all(start < 4 for _, start in wanted)  # not over memory slices 4-7

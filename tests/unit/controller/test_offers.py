@@ -264,6 +264,26 @@ def test_a_failed_placement_is_never_offered_and_tainted_while_a_claim_holds_it(
     assert "taints" not in listed["gpu-0-7g80gb-0"]
 
 
+def test_a_placement_backing_off_is_not_offered_and_tainted_while_a_claim_holds_it() -> None:
+    """The relay dropped gpu-1-7g80gb-0 from the spec (its create failed, no claim held it):
+    the agent no longer reports it failed, and the GPU is empty, but it is not offered until
+    its back-off ends."""
+    n = node(gpu(0), gpu(1))
+    cooling = frozenset({"gpu-1-7g80gb-0"})
+    offers = Offers(backing_off=lambda name: cooling)
+    offers.assign("pa", ["a"], NodeOffer("pa", EVERY_PROFILE))
+    free = by_name(offers.slices(n, frozenset(), True, DeviceCache()))
+    assert "gpu-1-7g80gb-0" not in free
+    assert "gpu-0-7g80gb-0" in free
+    held = by_name(
+        offer_pool(n, EVERY_PROFILE, frozenset(), True, cooling, frozenset(), None, cooling)
+    )
+    assert held["gpu-1-7g80gb-0"]["taints"] == [FAILED_TAINT]
+    # once it ended: offered again
+    again = by_name(offer_pool(n, EVERY_PROFILE, frozenset(), True, frozenset(), frozenset()))
+    assert "gpu-1-7g80gb-0" in again
+
+
 # ------------------------------------------------------------------ taking over
 
 
