@@ -315,7 +315,8 @@ class LeaderElector:
         )
 
     def current(self) -> Term | None:
-        return self._term if self.holds(self._term) else None
+        term = self._term  # read once: `ElectionThread` changes it from another thread
+        return term if self.holds(term) else None
 
     @property
     def holder(self) -> str:
