@@ -496,10 +496,6 @@ class ElectionThread:
     def identity(self) -> str:
         return self.elector.identity
 
-    @property
-    def holder(self) -> str:
-        return self.elector.holder
-
     def holds(self, term: Term | None) -> bool:
         return self.elector.holds(term)
 
