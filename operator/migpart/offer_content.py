@@ -381,6 +381,7 @@ def scheduler_needs(
     published: Sequence[SliceContent],
     wanted: Sequence[SliceContent],
     allocated: Collection[str],
+    unusable: Collection[str] = (),
 ) -> bool:
     """Whether writing the pool `wanted` over the pool `published` (both `offer_slices`)
     changes anything kube-scheduler can act on while the devices `allocated` (claims hold
@@ -398,6 +399,14 @@ def scheduler_needs(
     `migpart.planning.offer`): that may wait a while. Counters are compared as they are, so a
     pool this lets stand never lets two placements that NVML cannot hold both be allocated,
     and every device a claim holds stays listed.
+
+    Which placements are offered is steering too, within limits (`_offer_needed`): a
+    placement that leaves the offer may stay listed a while (its counters are listed, and the
+    relay serves a claim that gets it) while the offer goes on listing its profile, unless it
+    is `unusable` (its creation failed or was refused); one that joins it may wait while the
+    offer already lists a device of its profile that fits (the offer's `depth` brings the next
+    placement in as a claim takes one). An instance that joins or leaves, a profile that
+    joins or leaves, or any change to a device listed before and after, is written at once.
     """
     counter_sets = _counter_sets(published)
     if counter_sets != _counter_sets(wanted):
@@ -416,4 +425,36 @@ def scheduler_needs(
     left = _left(counter_sets, (before[name] for name in held if name in before))
     free_before = {n: d for n, d in before.items() if n not in held and _fits(d, left)}
     free_after = {n: d for n, d in after.items() if n not in held and _fits(d, left)}
-    return free_before != free_after or _instance_behind_a_placement(published, free_before)
+    return _offer_needed(free_before, free_after, unusable) or _instance_behind_a_placement(
+        published, free_before
+    )
+
+
+def _profile(device: Device) -> str:
+    return str(((device.get("attributes") or {}).get("profile") or {}).get("string", ""))
+
+
+def _offer_needed(
+    before: Mapping[str, Device], after: Mapping[str, Device], unusable: Collection[str]
+) -> bool:
+    """Whether the allocatable devices going from `before` to `after` is a change the
+    scheduler must see now (`scheduler_needs`)."""
+    if any(before[name] != after[name] for name in before.keys() & after.keys()):
+        return True
+
+    def still(devices: Mapping[str, Device], names: Iterable[str]) -> bool:
+        """Whether every device of `names` is a placement (no instance, no taint) whose
+        profile `devices` offers too."""
+        offered = {_profile(d) for d in devices.values() if not d.get("taints")}
+        listed = before if devices is after else after
+        return all(
+            not _created(listed[n])
+            and not listed[n].get("taints")
+            and n not in unusable
+            and _profile(listed[n]) in offered
+            for n in names
+        )
+
+    return not (
+        still(after, before.keys() - after.keys()) and still(before, after.keys() - before.keys())
+    )

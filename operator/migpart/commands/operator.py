@@ -60,6 +60,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _offer_depth(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected a number of placements >= 0 (0: one per MIG GPU of the node)"
+        )
+    return value
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -134,6 +146,14 @@ def parser() -> argparse.ArgumentParser:
         "in effect is Offer (Kubernetes 1.36+) publish the placements migpart would create, and "
         "the scheduler allocates them at once (default: off, or $MIGPART_OFFER_PUBLISHING=true; "
         "every policy then runs Reactive)",
+    )
+    p.add_argument(
+        "--offer-depth",
+        type=_offer_depth,
+        default=0,
+        help="offer mode: how many placements of each profile a node offers, the best first "
+        "(default 0: one per MIG GPU of the node; kube-scheduler reads every listed device "
+        "each time it tries to fit a pod on the node, so fewer is cheaper for it)",
     )
     p.add_argument(
         "--leader-elect",
@@ -240,6 +260,7 @@ async def run(args: argparse.Namespace) -> None:
         served=served,
         election=election(args),
         offer_publishing=args.offer_publishing,
+        offer_depth=args.offer_depth,
     )
     try:
         # kopf resolves the resources of its handlers when it starts; a CRD that is

@@ -119,6 +119,8 @@ class OperatorConfig:
     # `--offer-publishing`: nodes of policies whose mode in effect is Offer publish offers
     # (controller/offers.py); off, every policy runs Reactive
     offer_publishing: bool = False
+    # `--offer-depth`: placements offered per profile and node (0: one per MIG GPU)
+    offer_depth: int = 0
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -194,7 +196,7 @@ async def startup(
     mignodes = MigNodeWatch(state, state.slices_listed)
     slices = SliceWatch(publisher, state.slices_listed, mignodes.publish)
     watched = watched_indexes(state)
-    relay = _wire_offers(state, config.offer_publishing, mignodes)
+    relay = _wire_offers(state, config.offer_publishing, mignodes, config.offer_depth)
     watched["claims_index"] = RelayingIndex(relay, WATCHED["claims_index"].entry, state.wake_all)
     state.watched = {**watched, "mignodes_index": mignodes}
     state.indexes = state.watched
@@ -224,10 +226,13 @@ async def startup(
         registration_grace_s=config.registration_grace_s,
         offer_served=state.dra.offer_served,
         offer_publishing=config.offer_publishing,
+        offer_depth=config.offer_depth,
     )
 
 
-def _wire_offers(state: OperatorState, publishing: bool, mignodes: MigNodeWatch) -> OfferRelay:
+def _wire_offers(
+    state: OperatorState, publishing: bool, mignodes: MigNodeWatch, depth: int = 0
+) -> OfferRelay:
     """Offer mode (controller/offers.py): the relay acts on the nodes that publish offers, and
     with `publishing` the publisher asks `Offers.slices` what a node's pool holds and
     `Offers.needs` whether a change of it may wait (without it, reactive mode's `node_slices`
@@ -255,6 +260,7 @@ def _wire_offers(state: OperatorState, publishing: bool, mignodes: MigNodeWatch)
         refused=lambda node: relay.refused.get(node, frozenset()),
         on_change=recompute,
         backing_off=relay.backing_off,
+        depth=depth,
     )
     if publishing:
         publisher.slices = state.offers.slices

@@ -25,6 +25,16 @@ Within steps 2 to 4, GPUs go busiest first (best fit), and on a GPU the placemen
 the least of its free capacity (`migpart.planning.cost.free_capacity`) first: small profiles
 go where they cut the fewest large placements.
 
+How many (`depth`): new placements are costly to list. kube-scheduler takes in every device of
+a node's pool on every attempt to fit a pod there (its allocator converts the node's slices
+and walks their devices per node, per pod), so a pool of every placement (200 devices on 8
+H100s) costs it far more than reactive mode's few instances. So at most `depth` placements of
+each profile are offered per node (`default_depth`: one per MIG GPU of the node, enough for a
+request of one device per GPU), and no more of a profile on one GPU than it could still hold
+(one `1g.10gb+me`, not seven). The best ones stay: the first in the order above. When claims
+take them, the next ones are offered (the operator's next write). Free instances are never
+capped: every one is listed anyway, its counters must count.
+
 Never offered: a profile the policy does not permit (an existing free one is still listed, as
 the reactive planner may assign it); a placement that would displace an instance in use or a
 spare (`Holdback.spares`: a spare is offered, never destroyed); and on a GPU held whole for a
@@ -33,7 +43,7 @@ multi-GPU request (`Holdback.whole`) anything but a whole-GPU device, free or ne
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -81,20 +91,58 @@ class Offered:
     displaces: tuple[Instance, ...] = ()
 
 
+def default_depth(gpus: Sequence[OfferGpu]) -> int:
+    """How many placements of a profile a node offers by default: one per MIG GPU (at least
+    one), so that a request of one device per GPU of the node can be met from the offer."""
+    return max(1, len(gpus))
+
+
 def offer(
     gpus: Sequence[OfferGpu],
     policy: PolicyView,
     holdback: Holdback | None = None,
     waiting: Container[str] | None = None,
+    depth: int | None = None,
 ) -> tuple[Offered, ...]:
     """The node's offer, in the order the scheduler should take it (module docstring).
-    `waiting`: the profiles that displacing placements may have (None: every one)."""
+    `waiting`: the profiles that displacing placements may have (None: every one). `depth`:
+    at most this many new placements per profile (None: every placement), and never more of
+    a profile on one GPU than the GPU could still hold."""
     held = holdback or Holdback()
     ranked: list[tuple[tuple[int, ...], Offered]] = []
+    room: dict[tuple[int, str], int] = {}
     for gpu in gpus:
         ranked.extend(_gpu_offer(gpu, policy, held, waiting))
+        if depth is not None:
+            taken = Occupancy.of(gpu.table, [i.geometry for i in gpu.instances])
+            for prof in gpu.table.profiles:
+                room[gpu.index, prof.name] = taken.fit(prof)
     ranked.sort(key=lambda r: r[0])
-    return tuple(o for _, o in ranked)
+    offered = (o for _, o in ranked)
+    return tuple(offered) if depth is None else tuple(_capped(offered, depth, room))
+
+
+def _capped(
+    offered: Iterable[Offered], depth: int, room: dict[tuple[int, str], int]
+) -> Iterator[Offered]:
+    """`offered` with at most `depth` new placements per profile, and on each GPU at most
+    the `room` it has for the profile (how many more fit beside its instances: `Occupancy.fit`).
+    Displacing placements count towards `depth` only; free instances always pass."""
+    per_profile: dict[str, int] = {}
+    per_gpu: dict[tuple[int, str], int] = {}
+    for o in offered:
+        if o.step == Step.FREE:
+            yield o
+            continue
+        profile = o.instance.profile
+        on_gpu = (o.gpu, profile)
+        if per_profile.get(profile, 0) >= depth:
+            continue
+        if o.step != Step.DISPLACING and per_gpu.get(on_gpu, 0) >= room.get(on_gpu, 0):
+            continue
+        per_profile[profile] = per_profile.get(profile, 0) + 1
+        per_gpu[on_gpu] = per_gpu.get(on_gpu, 0) + 1
+        yield o
 
 
 def node_spares(

@@ -228,7 +228,7 @@ def test_an_offering_node_lists_its_offer_with_binding_conditions_on_placements(
     created = listed["gpu-0-3g40gb-4"]
     assert "bindingConditions" not in created
     assert "bindsToNode" not in created
-    placement = listed["gpu-1-3g40gb-0"]
+    placement = next(d for name, d in listed.items() if name.startswith("gpu-1-3g40gb-"))
     assert placement["bindingConditions"] == [INSTANCE_READY]
     assert placement["bindingFailureConditions"] == [INSTANCE_FAILED]
     assert placement["bindsToNode"] is True
@@ -511,15 +511,49 @@ def test_a_change_the_scheduler_can_act_on_is_needed_at_once() -> None:
     failure = FailedInstance(gpu=1, profile="3g.40gb", start=4, reason="NvmlError", message="x")
     failed = node(gpu(0), gpu(1), failed=[failure])
     assert needs(offer_pool(failed, EVERY_PROFILE, frozenset(), True, held, frozenset()))
-    # its claim let go: the placements beside it may be allocated again
+    # its claim let go: the placement, still listed, may be allocated again; which
+    # placements of its profile are offered beside it is steering, and may wait
     released = offer_pool(empty, EVERY_PROFILE, frozenset(), True, frozenset(), frozenset())
-    assert needs(released, frozenset())
+    assert not needs(released, frozenset())
     # a withdrawn free instance: tainted before the destroy protocol goes on
     free = node(gpu(0, ("7g.80gb", 0, "Free")), gpu(1))
     before = offer_pool(free, EVERY_PROFILE, frozenset(), True, held, frozenset())
     withdrawn = frozenset({"gpu-0-7g80gb-0"})
     after = offer_pool(free, EVERY_PROFILE, withdrawn, True, held, frozenset())
     assert scheduler_needs(before, after, held)
+
+
+def test_which_placements_are_offered_may_wait_while_their_profile_is_offered() -> None:
+    """The offer's depth: a claim takes a placement, and the next of its profile joins the
+    offer; the scheduler can still take the others of that profile meanwhile, so the write may
+    wait. A placement whose creation failed must leave at once; so must a profile's last."""
+    empty = node(gpu(0), gpu(1))
+
+    def pool(held: frozenset[str] = frozenset(), failed: frozenset[str] = frozenset()) -> Any:
+        return offer_pool(
+            empty, EVERY_PROFILE, frozenset(), True, held, frozenset(), None, failed, depth=2
+        )
+
+    before = pool()
+    small = [n for n in by_name(before) if "-1g10gb-" in n]
+    assert len(small) == 2
+    taken = frozenset(small[:1])
+    after = pool(taken)
+    joined = [n for n in by_name(after) if "-1g10gb-" in n and n not in by_name(before)]
+    assert joined  # the next 1g.10gb placement is offered
+    assert not scheduler_needs(before, after, taken)
+    # the other offered one failed (the relay backs off from it): leaving the offer, it must
+    # not be allocated again
+    failed = frozenset(small[1:])
+    without = pool(failed=failed)
+    assert small[1] not in by_name(without)
+    assert scheduler_needs(before, without, frozenset(), unusable=failed)
+    assert not scheduler_needs(before, without, frozenset())  # a mere re-steer may wait
+    # a profile's last placement leaving the offer (not permitted now) may not wait
+    deny = PolicyView(allowed=None, denied=frozenset({"1g.10gb"}))
+    denied = offer_pool(empty, deny, frozenset(), True, frozenset(), frozenset(), depth=2)
+    assert scheduler_needs(before, denied, frozenset())
+    assert scheduler_needs(denied, before, frozenset())  # nor a profile joining it
 
 
 def test_a_free_instance_let_go_must_not_wait_behind_the_placements() -> None:
@@ -538,7 +572,7 @@ def test_a_free_instance_let_go_must_not_wait_behind_the_placements() -> None:
 
 # ------------------------------------------------------------------ pool writes per allocation
 
-GPUS = 8  # a full node: 8 H100s, every placement offered is 200 devices in 5 slices
+GPUS = 8  # a full node: 8 H100s, 8 placements offered per profile: 56 devices in 2 slices
 
 
 def full_node(
@@ -654,27 +688,27 @@ async def free_instance_allocated(holding_back: bool) -> tuple[int, list[tuple[i
 
 
 async def test_an_allocation_of_a_new_placement_writes_the_pool_once_after_the_delay() -> None:
-    """Every change written at once (before): the allocation (200 devices to 190: 4 slices
-    replaced, 1 deleted) and the instance created (4 replaced) each rewrite the node's pool.
+    """Every change written at once (before): the allocation and the instance created each
+    rewrite the node's pool (both slices: the counter sets and the 56 devices).
     Held back: neither can be acted on while the claim holds the placement (the placements
     beside it are blocked by its counters, and a held device's other fields are not read),
     so the pool is written once, when the steering delay is over, and at once when the claim
     lets go (the instance, free, must come before the placements). Both end with the same
     pool."""
     size, before, pool_before = await new_placement_allocated(holding_back=False)
-    assert size == 5
-    assert before == [(1, 5), (0, 0), (1, 4), (0, 0), (1, 4)]
+    assert size == 2
+    assert before == [(1, 2), (0, 0), (1, 2), (0, 0), (1, 2)]
     _, after, pool_after = await new_placement_allocated(holding_back=True)
-    assert after == [(0, 0), (0, 0), (0, 0), (1, 5), (1, 4)]
+    assert after == [(0, 0), (0, 0), (0, 0), (1, 2), (1, 2)]
     assert pool_after == pool_before
 
 
 async def test_an_allocation_of_a_free_instance_writes_the_pool_once_after_the_delay() -> None:
-    """Before: the allocation moves the instance behind the offer, and the whole pool (190
-    devices, 4 slices) is rewritten for it. Held back: written once, after the delay."""
+    """Before: the allocation moves the instance behind the offer, and the whole pool (both
+    slices) is rewritten for it. Held back: written once, after the delay."""
     size, before, pool_before = await free_instance_allocated(holding_back=False)
-    assert size == 4
-    assert before == [(1, 4), (0, 0), (0, 0)]
+    assert size == 2
+    assert before == [(1, 2), (0, 0), (0, 0)]
     _, after, pool_after = await free_instance_allocated(holding_back=True)
-    assert after == [(0, 0), (0, 0), (1, 4)]
+    assert after == [(0, 0), (0, 0), (1, 2)]
     assert pool_after == pool_before

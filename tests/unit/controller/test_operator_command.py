@@ -35,3 +35,16 @@ def test_offer_publishing_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatc
     assert parse_args(["--no-offer-publishing"]).offer_publishing is False
     monkeypatch.setenv("MIGPART_OFFER_PUBLISHING", "no")
     assert parse_args([]).offer_publishing is False
+
+
+def test_offer_depth_defaults_to_one_placement_per_mig_gpu() -> None:
+    assert parse_args([]).offer_depth == 0
+    assert parse_args(["--offer-depth", "3"]).offer_depth == 3
+
+
+@pytest.mark.parametrize("value", ["-1", "2.5", "many"])
+def test_offer_depth_must_be_a_whole_number(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--offer-depth", value])
+    assert exit_.value.code == 2
+    assert "--offer-depth" in capsys.readouterr().err

@@ -7,7 +7,15 @@ from hypothesis import strategies as st
 
 from migpart.mig import CATALOG, Instance, layout_problems
 from migpart.planning.model import InstanceState, PolicyView, Spare
-from migpart.planning.offer import Holdback, Offered, OfferGpu, Step, node_spares, offer
+from migpart.planning.offer import (
+    Holdback,
+    Offered,
+    OfferGpu,
+    Step,
+    default_depth,
+    node_spares,
+    offer,
+)
 from tests.unit.planning.strategies import MODELS, layouts
 
 H100 = CATALOG["NVIDIA H100 80GB HBM3"]
@@ -109,6 +117,44 @@ def test_a_full_gpu_offers_its_free_instances_only() -> None:
     assert offer(gpus, EVERY) == ()
 
 
+def test_depth_keeps_the_best_placements_of_each_profile_and_every_free_instance() -> None:
+    gpus = [
+        OfferGpu(0, H100, (used("3g.40gb", 0), free("1g.10gb", 4))),
+        OfferGpu(1, H100, ()),
+        OfferGpu(2, H100, (free("2g.20gb", 0),)),
+    ]
+    whole = offer(gpus, EVERY)
+    capped = offer(gpus, EVERY, depth=2)
+    # the capped offer is the whole one, in its order, less what is past the depth
+    assert [o for o in whole if o in capped] == list(capped)
+    assert [o for o in capped if o.step == Step.FREE] == [o for o in whole if o.step == Step.FREE]
+    for profile in {o.instance.profile for o in whole}:
+        new = [o for o in whole if o.instance.profile == profile and o.step != Step.FREE]
+        kept = [o for o in capped if o.instance.profile == profile and o.step != Step.FREE]
+        assert kept == new[:2] or len(kept) == 2, profile
+
+
+def test_depth_never_offers_more_of_a_profile_on_a_gpu_than_it_could_hold() -> None:
+    gpus = [OfferGpu(0, H100, ()), OfferGpu(1, H100, ())]
+    capped = offer(gpus, EVERY, depth=8)
+    me = [o for o in capped if o.instance.profile == "1g.10gb+me"]
+    assert sorted(o.gpu for o in me) == [0, 1]  # one per GPU (its instance limit), not seven
+    small = [o for o in capped if o.instance.profile == "1g.10gb"]
+    assert len(small) == 8
+    assert {o.gpu for o in small[:7]} == {small[0].gpu}  # best fit: one GPU filled first
+    assert len([o for o in offer(gpus, EVERY) if o.instance.profile == "1g.10gb+me"]) == 14
+
+
+def test_the_default_depth_is_one_placement_per_mig_gpu() -> None:
+    assert default_depth([OfferGpu(g, H100, ()) for g in range(8)]) == 8
+    assert default_depth([]) == 1
+    gpus = [OfferGpu(g, H100, ()) for g in range(8)]
+    capped = offer(gpus, EVERY, depth=default_depth(gpus))
+    # a request of one whole GPU per GPU of the node can still be met from the offer
+    assert len([o for o in capped if o.instance.profile == "7g.80gb"]) == 8
+    assert len(capped) == 7 * 8 < len(offer(gpus, EVERY)) == 200
+
+
 @st.composite
 def nodes(draw: st.DrawFn) -> list[OfferGpu]:
     model = draw(st.sampled_from(MODELS))
@@ -117,9 +163,17 @@ def nodes(draw: st.DrawFn) -> list[OfferGpu]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(nodes())
-def test_every_offered_device_fits_and_the_order_holds(gpus: list[OfferGpu]) -> None:
-    offered = offer(gpus, EVERY)
+@given(nodes(), st.none() | st.integers(1, 9))
+def test_every_offered_device_fits_and_the_order_holds(
+    gpus: list[OfferGpu], depth: int | None
+) -> None:
+    offered = offer(gpus, EVERY, depth=depth)
+    if depth is not None:
+        whole = offer(gpus, EVERY)
+        assert [o for o in whole if o in offered] == list(offered), "a sub-sequence"
+        for profile in {o.instance.profile for o in offered}:
+            new = [o for o in offered if o.instance.profile == profile and o.step != Step.FREE]
+            assert len(new) <= depth
     keys = [(o.gpu, o.instance) for o in offered]
     assert len(keys) == len(set(keys)), "no device offered twice"
     steps = [o.step for o in offered]
