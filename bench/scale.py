@@ -135,6 +135,13 @@ def main() -> int:
         "--offer-publishing and policies with allocation: Offer (needs Kubernetes 1.36+)",
     )
     p.add_argument(
+        "--offer-depth",
+        type=int,
+        default=0,
+        help="with --allocation offer: the operator's --offer-depth (placements of each "
+        "profile a node offers; 0: its default, one per MIG GPU)",
+    )
+    p.add_argument(
         "--no-baseline",
         dest="baseline",
         action="store_false",

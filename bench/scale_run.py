@@ -328,7 +328,11 @@ class Size:
                 "--metrics-port",
                 "0",
                 "--leader-elect" if leader_elect else "--no-leader-elect",
-                *(["--offer-publishing"] if self.offering else []),
+                *(
+                    ["--offer-publishing", f"--offer-depth={self.args.offer_depth}"]
+                    if self.offering
+                    else []
+                ),
             ],
         )
         await asyncio.sleep(QUIET_WINDOW_S)  # let it get going before asking if it is quiet

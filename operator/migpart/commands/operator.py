@@ -36,6 +36,7 @@ from migpart.kube.election import (
     new_identity,
 )
 from migpart.kube.election import LEASE_DURATION_S as ELECTION_LEASE_S
+from migpart.planning.offer import DEFAULT_DEPTH
 
 log = structlog.get_logger(__name__)
 
@@ -65,10 +66,8 @@ def _offer_depth(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(
-            f"{text}: expected a number of placements >= 0 (0: one per MIG GPU of the node)"
-        )
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected a number of placements >= 1")
     return value
 
 
@@ -150,10 +149,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--offer-depth",
         type=_offer_depth,
-        default=0,
-        help="offer mode: how many placements of each profile a node offers, the best first "
-        "(default 0: one per MIG GPU of the node; kube-scheduler reads every listed device "
-        "each time it tries to fit a pod on the node, so fewer is cheaper for it)",
+        default=DEFAULT_DEPTH,
+        help="offer mode: how many new placements of each profile a node offers, the best "
+        f"first; whole-GPU profiles at least one per GPU (default {DEFAULT_DEPTH}: a request "
+        "for more devices of one profile on one node is served by a round; kube-scheduler "
+        "evaluates every listed device each time it tries to fit a pod on a node, so a "
+        "deeper offer costs it CPU)",
     )
     p.add_argument(
         "--leader-elect",

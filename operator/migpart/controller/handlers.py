@@ -74,6 +74,7 @@ from migpart.kube.features import discover_dra_features, dry_run_create
 from migpart.kube.leases import stale_conditions, watch_leases
 from migpart.kube.slice_publisher import Published, SlicePublisher
 from migpart.kube.slice_watch import SliceWatch, watch_slices
+from migpart.planning.offer import DEFAULT_DEPTH
 
 log = structlog.get_logger(__name__)
 
@@ -119,8 +120,8 @@ class OperatorConfig:
     # `--offer-publishing`: nodes of policies whose mode in effect is Offer publish offers
     # (controller/offers.py); off, every policy runs Reactive
     offer_publishing: bool = False
-    # `--offer-depth`: placements offered per profile and node (0: one per MIG GPU)
-    offer_depth: int = 0
+    # `--offer-depth`: new placements offered per profile and node (planning.offer, "How many")
+    offer_depth: int = DEFAULT_DEPTH
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -231,7 +232,7 @@ async def startup(
 
 
 def _wire_offers(
-    state: OperatorState, publishing: bool, mignodes: MigNodeWatch, depth: int = 0
+    state: OperatorState, publishing: bool, mignodes: MigNodeWatch, depth: int = DEFAULT_DEPTH
 ) -> OfferRelay:
     """Offer mode (controller/offers.py): the relay acts on the nodes that publish offers, and
     with `publishing` the publisher asks `Offers.slices` what a node's pool holds and

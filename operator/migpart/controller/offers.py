@@ -35,7 +35,7 @@ from migpart.kube.placement import Placement
 from migpart.mig import Instance, device_name
 from migpart.offer_content import offer_slices, scheduler_needs
 from migpart.planning.model import InstanceState, PolicyView, Request
-from migpart.planning.offer import Holdback, OfferGpu, default_depth, node_spares, offer
+from migpart.planning.offer import DEFAULT_DEPTH, Holdback, OfferGpu, node_spares, offer
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
 
 # What displacing placements may have: none (see the module docstring).
@@ -89,14 +89,13 @@ def failed_placements(node: MigNode) -> frozenset[str]:
 
 
 def node_offer(
-    node: MigNode, view: PolicyView, held: Iterable[str] = (), depth: int = 0
+    node: MigNode, view: PolicyView, held: Iterable[str] = (), depth: int = DEFAULT_DEPTH
 ) -> list[tuple[int, Instance]]:
     """The placements node `node` offers under `view`, best first (`planning.offer.offer`),
-    at most `depth` per profile (0: `planning.offer.default_depth`, one per MIG GPU)."""
+    at most `depth` per profile (whole-GPU profiles: at least one per GPU)."""
     gpus = offer_gpus(node, held)
     holdback = Holdback(spares=node_spares(gpus, view.spares))
-    most = depth or default_depth(gpus)
-    offered = offer(gpus, view, holdback, waiting=NO_DISPLACING, depth=most)
+    offered = offer(gpus, view, holdback, waiting=NO_DISPLACING, depth=depth)
     return [(o.gpu, o.instance) for o in offered]
 
 
@@ -109,7 +108,7 @@ def offer_pool(
     refused: frozenset[str],
     cache: DeviceCache | None = None,
     backing_off: frozenset[str] = frozenset(),
-    depth: int = 0,
+    depth: int = DEFAULT_DEPTH,
 ) -> list[SliceContent]:
     """The slices of an offering node's pool (pure): its offer, every device a claim holds,
     and the placements that failed (the agent's, the relay's `refused`, and those it dropped
@@ -155,14 +154,14 @@ class Offers:
     `held(node)`: the device names claims hold on the node; `refused(node)`: placements the
     relay refused there; `backing_off(node)`: placements the relay dropped there lately
     because they could not be created; `on_change(node)`: the node's slices must be computed
-    again. `depth`: placements offered per profile and node (`node_offer`; 0: the default).
+    again. `depth`: new placements offered per profile and node (`node_offer`).
     """
 
     held: Callable[[str], frozenset[str]] = _none
     refused: Callable[[str], frozenset[str]] = _none
     on_change: Callable[[str], None] = _ignore
     backing_off: Callable[[str], frozenset[str]] = _none
-    depth: int = 0
+    depth: int = DEFAULT_DEPTH
     _nodes: dict[str, NodeOffer] = field(default_factory=dict)
 
     def offered(self, node: str) -> bool:

@@ -25,15 +25,16 @@ Within steps 2 to 4, GPUs go busiest first (best fit), and on a GPU the placemen
 the least of its free capacity (`migpart.planning.cost.free_capacity`) first: small profiles
 go where they cut the fewest large placements.
 
-How many (`depth`): new placements are costly to list. kube-scheduler takes in every device of
-a node's pool on every attempt to fit a pod there (its allocator converts the node's slices
-and walks their devices per node, per pod), so a pool of every placement (200 devices on 8
-H100s) costs it far more than reactive mode's few instances. So at most `depth` placements of
-each profile are offered per node (`default_depth`: one per MIG GPU of the node, enough for a
-request of one device per GPU), and no more of a profile on one GPU than it could still hold
-(one `1g.10gb+me`, not seven). The best ones stay: the first in the order above. When claims
-take them, the next ones are offered (the operator's next write). Free instances are never
-capped: every one is listed anyway, its counters must count.
+How many (`depth`): kube-scheduler evaluates the claim's CEL selectors on every listed device
+it walks, on every node it tries, for every pod, and converts every device of the node's
+slices each time (docs/offer-mode.md, "What a node's pool lists"); a pool of every placement
+(200 devices on 8 H100s) made a burst cost it 8 times the control plane's own CPU. So at most
+`depth` new placements of each profile are offered per node (`DEFAULT_DEPTH`: two, for a
+request of two devices of one profile, on one GPU or not), except whole-GPU profiles: one per
+GPU (a multi-GPU request asks for whole GPUs). Never more of a profile on one GPU than it
+could hold (one `1g.10gb+me`, not seven). The best ones stay: the first in the order above;
+when claims take them, the next ones are offered. Free instances are never capped (every one
+is listed anyway: its counters must count).
 
 Never offered: a profile the policy does not permit (an existing free one is still listed, as
 the reactive planner may assign it); a placement that would displace an instance in use or a
@@ -91,10 +92,8 @@ class Offered:
     displaces: tuple[Instance, ...] = ()
 
 
-def default_depth(gpus: Sequence[OfferGpu]) -> int:
-    """How many placements of a profile a node offers by default: one per MIG GPU (at least
-    one), so that a request of one device per GPU of the node can be met from the offer."""
-    return max(1, len(gpus))
+# New placements offered per profile and node by default (module docstring, "How many").
+DEFAULT_DEPTH = 2
 
 
 def offer(
@@ -106,28 +105,32 @@ def offer(
 ) -> tuple[Offered, ...]:
     """The node's offer, in the order the scheduler should take it (module docstring).
     `waiting`: the profiles that displacing placements may have (None: every one). `depth`:
-    at most this many new placements per profile (None: every placement), and never more of
-    a profile on one GPU than the GPU could still hold."""
+    at most this many new placements per profile, whole-GPU profiles at least one per GPU
+    (None: every placement), and never more of a profile on one GPU than it could still hold."""
     held = holdback or Holdback()
     ranked: list[tuple[tuple[int, ...], Offered]] = []
     room: dict[tuple[int, str], int] = {}
+    most: dict[str, int] = {}
     for gpu in gpus:
         ranked.extend(_gpu_offer(gpu, policy, held, waiting))
         if depth is not None:
             taken = Occupancy.of(gpu.table, [i.geometry for i in gpu.instances])
+            largest = max(p.compute_slices for p in gpu.table.profiles)
             for prof in gpu.table.profiles:
                 room[gpu.index, prof.name] = taken.fit(prof)
+                whole = prof.compute_slices == largest
+                most[prof.name] = max(depth, len(gpus)) if whole else depth
     ranked.sort(key=lambda r: r[0])
     offered = (o for _, o in ranked)
-    return tuple(offered) if depth is None else tuple(_capped(offered, depth, room))
+    return tuple(offered) if depth is None else tuple(_capped(offered, most, room))
 
 
 def _capped(
-    offered: Iterable[Offered], depth: int, room: dict[tuple[int, str], int]
+    offered: Iterable[Offered], most: dict[str, int], room: dict[tuple[int, str], int]
 ) -> Iterator[Offered]:
-    """`offered` with at most `depth` new placements per profile, and on each GPU at most
-    the `room` it has for the profile (how many more fit beside its instances: `Occupancy.fit`).
-    Displacing placements count towards `depth` only; free instances always pass."""
+    """`offered` with at most `most[profile]` new placements per profile, and on each GPU at
+    most the `room` it has for the profile (how many more fit beside its instances:
+    `Occupancy.fit`). Displacing placements count towards `most` only; free instances pass."""
     per_profile: dict[str, int] = {}
     per_gpu: dict[tuple[int, str], int] = {}
     for o in offered:
@@ -136,7 +139,7 @@ def _capped(
             continue
         profile = o.instance.profile
         on_gpu = (o.gpu, profile)
-        if per_profile.get(profile, 0) >= depth:
+        if per_profile.get(profile, 0) >= most.get(profile, 0):
             continue
         if o.step != Step.DISPLACING and per_gpu.get(on_gpu, 0) >= room.get(on_gpu, 0):
             continue

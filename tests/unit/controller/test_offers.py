@@ -31,6 +31,7 @@ from migpart.kube.placement import NodeFacts
 from migpart.kube.slice_publisher import STEERING_DELAY_S, Published, SlicePublisher
 from migpart.offer_content import FAILED_TAINT, WITHDRAWN_TAINT, scheduler_needs
 from migpart.planning.model import PolicyView
+from migpart.planning.offer import DEFAULT_DEPTH
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
 from migpart.testing.builders import ClaimBuilder, PodBuilder, profile_is
 from tests.unit.controller.factories import (
@@ -572,7 +573,7 @@ def test_a_free_instance_let_go_must_not_wait_behind_the_placements() -> None:
 
 # ------------------------------------------------------------------ pool writes per allocation
 
-GPUS = 8  # a full node: 8 H100s, 8 placements offered per profile: 56 devices in 2 slices
+GPUS = 8  # a full node: 8 H100s; the default offer is 19 devices, in 2 slices with the counters
 
 
 def full_node(
@@ -592,10 +593,10 @@ class NodeSlices:
     store, with `needs` (`holding_back`) or without it (every change written at once, as
     before), and the devices claims hold there (`held`, what the relay tells)."""
 
-    def __init__(self, body: MigNode, holding_back: bool) -> None:
+    def __init__(self, body: MigNode, holding_back: bool, depth: int = DEFAULT_DEPTH) -> None:
         self.store = SliceStore()
         self.held: set[str] = set()
-        self.offers = Offers(held=lambda node: frozenset(self.held))
+        self.offers = Offers(held=lambda node: frozenset(self.held), depth=depth)
         self.offers.assign("pa", ["a"], NodeOffer("pa", EVERY_PROFILE))
         self.clock = ManualClock()
         self.publisher = SlicePublisher(
@@ -646,11 +647,13 @@ class NodeSlices:
         return int(result.written), len(writes)
 
 
-async def new_placement_allocated(holding_back: bool) -> tuple[int, list[tuple[int, int]], Any]:
+async def new_placement_allocated(
+    holding_back: bool, depth: int = DEFAULT_DEPTH
+) -> tuple[int, list[tuple[int, int]], Any]:
     """One claim for a 3g.40gb on a node with 8 empty H100s, from allocation to instance
     created, then the steering delay, then the claim let go: the pool's slice count, (pools,
     slices) written at each step, and the stored pool at the end."""
-    world = NodeSlices(full_node(1), holding_back)
+    world = NodeSlices(full_node(1), holding_back, depth)
     size = await world.start()
     device = world.first_fit("3g.40gb")
     where = placements(world.node)[device]
@@ -689,18 +692,22 @@ async def free_instance_allocated(holding_back: bool) -> tuple[int, list[tuple[i
 
 async def test_an_allocation_of_a_new_placement_writes_the_pool_once_after_the_delay() -> None:
     """Every change written at once (before): the allocation and the instance created each
-    rewrite the node's pool (both slices: the counter sets and the 56 devices).
-    Held back: neither can be acted on while the claim holds the placement (the placements
+    rewrite the node's pool (both slices: the counter sets and the devices).
+    Held back, with an offer deep enough that every profile keeps a placement beside the
+    allocation: neither can be acted on while the claim holds the placement (the placements
     beside it are blocked by its counters, and a held device's other fields are not read),
     so the pool is written once, when the steering delay is over, and at once when the claim
     lets go (the instance, free, must come before the placements). Both end with the same
-    pool."""
-    size, before, pool_before = await new_placement_allocated(holding_back=False)
-    assert size == 2
-    assert before == [(1, 2), (0, 0), (1, 2), (0, 0), (1, 2)]
-    _, after, pool_after = await new_placement_allocated(holding_back=True)
-    assert after == [(0, 0), (0, 0), (0, 0), (1, 2), (1, 2)]
-    assert pool_after == pool_before
+    pool. With the default depth (2) the allocation blocks both `1g.10gb` placements offered
+    (they were beside it, on its GPU): the next ones must be offered at once."""
+    for depth in (8, DEFAULT_DEPTH):
+        size, before, pool_before = await new_placement_allocated(False, depth)
+        assert size == 2
+        assert before == [(1, 2), (0, 0), (1, 2), (0, 0), (1, 2)]
+        _, after, pool_after = await new_placement_allocated(True, depth)
+        first = (0, 0) if depth == 8 else (1, 2)
+        assert after == [first, (0, 0), (0, 0), (1, 2), (1, 2)]
+        assert pool_after == pool_before
 
 
 async def test_an_allocation_of_a_free_instance_writes_the_pool_once_after_the_delay() -> None:

@@ -37,12 +37,12 @@ def test_offer_publishing_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatc
     assert parse_args([]).offer_publishing is False
 
 
-def test_offer_depth_defaults_to_one_placement_per_mig_gpu() -> None:
-    assert parse_args([]).offer_depth == 0
-    assert parse_args(["--offer-depth", "3"]).offer_depth == 3
+def test_offer_depth_defaults_to_two_placements_per_profile() -> None:
+    assert parse_args([]).offer_depth == 2
+    assert parse_args(["--offer-depth", "8"]).offer_depth == 8
 
 
-@pytest.mark.parametrize("value", ["-1", "2.5", "many"])
+@pytest.mark.parametrize("value", ["0", "-1", "2.5", "many"])
 def test_offer_depth_must_be_a_whole_number(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         parse_args(["--offer-depth", value])

@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 from migpart.mig import CATALOG, Instance, layout_problems
 from migpart.planning.model import InstanceState, PolicyView, Spare
 from migpart.planning.offer import (
+    DEFAULT_DEPTH,
     Holdback,
     Offered,
     OfferGpu,
     Step,
-    default_depth,
     node_spares,
     offer,
 )
@@ -145,14 +145,20 @@ def test_depth_never_offers_more_of_a_profile_on_a_gpu_than_it_could_hold() -> N
     assert len([o for o in offer(gpus, EVERY) if o.instance.profile == "1g.10gb+me"]) == 14
 
 
-def test_the_default_depth_is_one_placement_per_mig_gpu() -> None:
-    assert default_depth([OfferGpu(g, H100, ()) for g in range(8)]) == 8
-    assert default_depth([]) == 1
+def test_the_default_depth_offers_two_of_each_profile_and_every_gpu_whole() -> None:
     gpus = [OfferGpu(g, H100, ()) for g in range(8)]
-    capped = offer(gpus, EVERY, depth=default_depth(gpus))
+    capped = offer(gpus, EVERY, depth=DEFAULT_DEPTH)
+    by_profile: dict[str, list[Offered]] = {}
+    for o in capped:
+        by_profile.setdefault(o.instance.profile, []).append(o)
     # a request of one whole GPU per GPU of the node can still be met from the offer
-    assert len([o for o in capped if o.instance.profile == "7g.80gb"]) == 8
-    assert len(capped) == 7 * 8 < len(offer(gpus, EVERY)) == 200
+    assert len(by_profile.pop("7g.80gb")) == 8
+    assert {p: len(o) for p, o in by_profile.items()} == dict.fromkeys(by_profile, 2)
+    # two of a profile on one GPU (a request with matchAttribute parentUUID) where it fits
+    for profile in ("1g.10gb", "2g.20gb", "3g.40gb"):
+        assert len({o.gpu for o in by_profile[profile]}) == 1, profile
+    assert len(capped) == 6 * 2 + 8
+    assert len(offer(gpus, EVERY)) == 200
 
 
 @st.composite
@@ -171,9 +177,10 @@ def test_every_offered_device_fits_and_the_order_holds(
     if depth is not None:
         whole = offer(gpus, EVERY)
         assert [o for o in whole if o in offered] == list(offered), "a sub-sequence"
+        whole = {len(gpus)} | {depth}
         for profile in {o.instance.profile for o in offered}:
             new = [o for o in offered if o.instance.profile == profile and o.step != Step.FREE]
-            assert len(new) <= depth
+            assert len(new) <= max(whole)
     keys = [(o.gpu, o.instance) for o in offered]
     assert len(keys) == len(set(keys)), "no device offered twice"
     steps = [o.step for o in offered]
