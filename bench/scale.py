@@ -137,9 +137,9 @@ def main() -> int:
     p.add_argument(
         "--offer-depth",
         type=int,
-        default=0,
-        help="with --allocation offer: the operator's --offer-depth (placements of each "
-        "profile a node offers; 0: its default, one per MIG GPU)",
+        default=None,
+        help="with --allocation offer: the operator's --offer-depth (new placements of each "
+        "profile a node offers; default: the operator's default)",
     )
     p.add_argument(
         "--no-baseline",

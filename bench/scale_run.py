@@ -328,9 +328,10 @@ class Size:
                 "--metrics-port",
                 "0",
                 "--leader-elect" if leader_elect else "--no-leader-elect",
+                *(["--offer-publishing"] if self.offering else []),
                 *(
-                    ["--offer-publishing", f"--offer-depth={self.args.offer_depth}"]
-                    if self.offering
+                    [f"--offer-depth={self.args.offer_depth}"]
+                    if self.offering and self.args.offer_depth is not None
                     else []
                 ),
             ],
