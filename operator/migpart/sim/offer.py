@@ -70,6 +70,9 @@ class Offer:
     max_concurrent_nodes: int = 1
     age_s: float | None = None
     spares_total: int = 0
+    # The earlier, optimistic model (module docstring): displacing placements offered and
+    # taken at once, with no round; with `displace_waiting_only` as well, for the profiles of
+    # pods that waited a batch window only (which alone means nothing).
     displace_at_once: bool = False
     displace_waiting_only: bool = False
     hold_used: float | None = None
