@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from migpart.mig import CATALOG, Instance, layout_problems
 from migpart.sim.cluster import SimCluster
-from migpart.sim.engine import Engine
+from migpart.sim.engine import Engine, Policy
 from migpart.sim.offer import Offer
 from migpart.sim.run import SimConfig, make_policy
 from migpart.sim.workload import SimPod, make_pod
@@ -25,7 +27,9 @@ class CheckedEngine(Engine):
     two devices whose memory slices overlap), and that every instance destroyed is ready and
     held by no pod; records when each was destroyed."""
 
-    destroyed: list[tuple[float, Instance]]
+    def __init__(self, cluster: SimCluster, pods: Sequence[SimPod], policy: Policy) -> None:
+        super().__init__(cluster, pods, policy)
+        self.destroyed: list[tuple[float, Instance]] = []
 
     def create(
         self, node: int, index: int, inst: Instance, ready_s: float, holder: str | None = None
@@ -38,7 +42,7 @@ class CheckedEngine(Engine):
         state = self.cluster.gpus[node][index].instances[inst]
         assert state.holder is None, f"{inst} destroyed while {state.holder} holds it"
         assert state.ready, f"{inst} destroyed while being created"
-        self.destroyed = [*getattr(self, "destroyed", []), (self.now, inst)]
+        self.destroyed.append((self.now, inst))
         super().destroy(node, index, inst)
 
 
