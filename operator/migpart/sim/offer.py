@@ -1,4 +1,5 @@
-"""Offer mode as a policy: kube-scheduler allocates at once from the placements migpart offers.
+"""Offer mode as a policy: kube-scheduler allocates at once from the placements migpart offers,
+and a reactive round serves the pods no offer holds.
 
 Each node publishes its offer (`migpart.planning.offer.offer`, the operator's own steering):
 its free instances, then placements not created yet, in the order the planner wants them
@@ -8,19 +9,29 @@ tries them) where the offer holds them, the first offered devices of its first p
 still fit, then of its next one. "Still fit" is the counters' rule: no memory slice in common
 with an instance there or chosen with it, within the compute slices and the profile's
 instance limit. A pod given an existing free instance starts at once; one given a placement
-waits for its creation (`actuation_s` per GPU touched, one after another, as first-fit's); a
-placement that displaces free instances destroys them first.
+waits for its creation (`actuation_s` per GPU touched, one after another, as first-fit's).
+
+As the operator (`controller.offers`, `waiting=NO_DISPLACING`), the offer never holds a
+placement that displaces free instances: destroying one is the destroy protocol's, i.e. a
+planning round's. A pod the offer cannot hold is unschedulable, and reactive migpart's round
+serves it (`sim.migpart.Migpart`, by composition: a batch window after the first such pod, the
+real planner, `actuation_s` per changed GPU, at most `max_concurrent_nodes` nodes at once),
+planning only for the unschedulable pods (`controller.offers.unschedulable_requests`). The
+instances a round creates for a pod are bound to it; the free instances it destroys are held
+by no pod (the planner never destroys what is in use). After a round the scheduler tries every
+pending pod again (the operator republishes the slices).
+
+`displace_at_once` is the earlier, optimistic model, kept to reproduce its figures
+(docs/offer-mode.md): placements that displace free instances are offered too, and a pod
+that takes one has them destroyed at once, with no round; with `displace_waiting_only` as
+well, only for the profiles of pods that have waited `batch_window_s`.
 
 The planner re-steers between events: a node's offer is recomputed at most once per instant,
 when its instances changed, so pods scheduled in the same pass see the same order and only
-the counters tell them apart. A departing pod's instances stay free and are offered first;
-they are destroyed only when a pod takes a placement that needs their space (the reactive
-planner's rule: free instances are repartitioned for a request, never for nothing). With
-`displace_waiting_only`, such placements are offered only for the profiles of pods that have
-waited `batch_window_s` (the operator's reaction); measured, not the default
-(docs/offer-mode.md). While a multi-GPU pod has waited a batch window, `hold_used` holds a node
-whole for it as reactive migpart does (`planning.overtime.held_node`): the node offers nothing
-while a pod runs on it, then whole GPUs only.
+the counters tell them apart. A departing pod's instances stay free and are offered first.
+While a multi-GPU pod has waited a batch window, `hold_used` holds a node whole for it as
+reactive migpart does (`planning.overtime.held_node`): the node offers nothing while a pod
+runs on it, then whole GPUs only.
 """
 
 from __future__ import annotations
@@ -41,11 +52,14 @@ from migpart.planning.offer import Holdback, Offered, OfferGpu, Step, offer
 from migpart.planning.overtime import held_node
 from migpart.sim.cluster import Device, SimCluster
 from migpart.sim.engine import Engine
+from migpart.sim.migpart import Migpart
 from migpart.sim.workload import SimPod
 
 # A node's offer by profile, in offer order.
 _NodeOffer = dict[str, list[Offered]]
 _Key = tuple[tuple[int, Instance, bool], ...]
+# What displacing placements may have where the offer is the operator's: none.
+_NO_DISPLACING: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -53,10 +67,20 @@ class Offer:
     policy: PolicyView = field(default_factory=PolicyView)
     actuation_s: float = 5.0
     batch_window_s: float = 2.0
+    max_concurrent_nodes: int = 1
+    age_s: float | None = None
+    spares_total: int = 0
+    # The earlier, optimistic model (module docstring): displacing placements offered and
+    # taken at once, with no round; with `displace_waiting_only` as well, for the profiles of
+    # pods that waited a batch window only (which alone means nothing).
+    displace_at_once: bool = False
     displace_waiting_only: bool = False
     hold_used: float | None = None
     hold_s: float = 1800.0
     name: str = "offer"
+    # The reactive rounds (None with `displace_at_once`) and the pods they plan for.
+    _rounds: Migpart | None = None
+    _unschedulable: set[str] = field(default_factory=set)
     # node -> (instant computed, its instances then, the profiles waiting then, held, the offer)
     _offers: dict[int, tuple[float, _Key, frozenset[str] | None, bool, _NodeOffer]] = field(
         default_factory=dict
@@ -65,10 +89,39 @@ class Offer:
     _held: tuple[float, int | None] = (-1.0, None)
     _resteer_due: bool = False
 
+    @property
+    def rounds(self) -> int:
+        """How many reactive rounds planned."""
+        return 0 if self._rounds is None else self._rounds.rounds
+
     def setup(self, engine: Engine) -> None:
         engine.allocate = lambda pod: self._allocate(engine, pod)
+        if not self.displace_at_once:
+            self._rounds = Migpart(
+                policy=self.policy,
+                batch_window_s=self.batch_window_s,
+                actuation_s=self.actuation_s,
+                max_concurrent_nodes=self.max_concurrent_nodes,
+                age_s=self.age_s,
+                spares_total=self.spares_total,
+                hold_used=self.hold_used,
+                hold_s=self.hold_s,
+                name=self.name,
+                plans_for=self._unschedulable_pods,
+                after_round=lambda e: e.capacity_changed(),
+            )
+            self._rounds.setup(engine)
+
+    def _unschedulable_pods(self, engine: Engine) -> list[SimPod]:
+        """The pending pods the scheduler found unschedulable, in arrival order."""
+        self._unschedulable.intersection_update(engine.pending)
+        return [p for p in engine.pending.values() if p.name in self._unschedulable]
 
     def unplaced(self, engine: Engine, pods: Sequence[SimPod]) -> None:
+        if self._rounds is not None:
+            self._unschedulable.update(p.name for p in pods)
+            self._rounds.unplaced(engine, pods)
+            return
         # The operator sees them wait and, a batch window later, offers placements that
         # displace free instances for their profiles; a pod whose profiles are offered so
         # already waits for a departure.
@@ -84,7 +137,11 @@ class Offer:
         engine.capacity_changed()
 
     def _waiting_profiles(self, engine: Engine) -> frozenset[str] | None:
-        """The profiles of the pods that have waited a batch window (None: every profile)."""
+        """The profiles displacing placements may have: none (the operator's offer), every
+        one (None: `displace_at_once`), or those of the pods that have waited a batch window
+        (`displace_waiting_only`)."""
+        if not self.displace_at_once:
+            return _NO_DISPLACING
         if not self.displace_waiting_only:
             return None
         at, waiting = self._waiting
@@ -97,7 +154,8 @@ class Offer:
         return waiting
 
     def released(self, engine: Engine, pod: SimPod, devices: Sequence[Device]) -> None:
-        # Freed instances stay: offered first, destroyed when a placement needs their space.
+        # Freed instances stay: offered first, destroyed when a round (or, displacing at
+        # once, a placement) needs their space.
         return None
 
     def _allocate(self, engine: Engine, pod: SimPod) -> list[Device] | None:
@@ -210,8 +268,10 @@ def _fits(cluster: SimCluster, node: int, o: Offered, chosen: Sequence[Offered])
 
 
 def _state(cluster: SimCluster, node: int) -> _Key:
+    """What a node's offer depends on: each instance and whether it is in use (held, or still
+    being created: a round creates instances no pod holds yet)."""
     return tuple(
-        (gpu.index, inst, state.holder is not None)
+        (gpu.index, inst, state.holder is not None or not state.ready)
         for gpu in cluster.gpus[node]
         for inst, state in sorted(gpu.instances.items())
     )

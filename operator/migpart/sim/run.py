@@ -24,7 +24,16 @@ from migpart.sim.offer import Offer
 from migpart.sim.policies import FirstFit, Static, whole_gpu_pods
 from migpart.sim.workload import SimPod, at_load, jittered, sped_up
 
-BUILTIN = ("mig-off", "all-7g", "all-balanced", "best-static", "first-fit", "migpart", "offer")
+BUILTIN = (
+    "mig-off",
+    "all-7g",
+    "all-balanced",
+    "best-static",
+    "first-fit",
+    "migpart",
+    "offer",
+    "offer-optimistic",
+)
 # Candidate mixes the best-static search may try, the first included.
 _SEARCH_EVALUATIONS = 24
 _SEARCH_SHAPES = ("7", "4+3", "3+3", "3+2+1+1", "4+2+1", "2+2+2+1", "1+1+1+1+1+1+1")
@@ -150,8 +159,23 @@ def make_policy(
             policy=config.planner_policy,
             actuation_s=config.actuation_s,
             batch_window_s=config.batch_window_s,
+            max_concurrent_nodes=config.max_concurrent_nodes,
+            age_s=config.age_s,
+            spares_total=config.spares_total,
             hold_used=config.hold_used,
             hold_s=config.hold_s,
+        ), pods
+    if name == "offer-optimistic":
+        # The earlier model of offer mode: displacing placements taken at once, no round
+        # (docs/offer-mode.md, "Results"), kept to reproduce its figures.
+        return Offer(
+            policy=config.planner_policy,
+            actuation_s=config.actuation_s,
+            batch_window_s=config.batch_window_s,
+            displace_at_once=True,
+            hold_used=config.hold_used,
+            hold_s=config.hold_s,
+            name=name,
         ), pods
     if name in config.static:
         return Static(name, config.static[name]), pods
