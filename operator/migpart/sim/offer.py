@@ -11,8 +11,9 @@ with an instance there or chosen with it, within the compute slices and the prof
 instance limit. A pod given an existing free instance starts at once; one given a placement
 waits for its creation (`actuation_s` per GPU touched, one after another, as first-fit's).
 
-As the operator (`controller.offers`, `waiting=NO_DISPLACING`), the offer never holds a
-placement that displaces free instances: destroying one is the destroy protocol's, i.e. a
+As the operator (`controller.offers`, `waiting=NO_DISPLACING`, `--offer-depth`), the offer
+lists at most `depth` new placements of a profile per node and never a placement that
+displaces free instances: destroying one is the destroy protocol's, i.e. a
 planning round's. A pod the offer cannot hold is unschedulable, and reactive migpart's round
 serves it (`sim.migpart.Migpart`, by composition: a batch window after the first such pod, the
 real planner, `actuation_s` per changed GPU, at most `max_concurrent_nodes` nodes at once),
@@ -22,7 +23,7 @@ by no pod (the planner never destroys what is in use). After a round the schedul
 pending pod again (the operator republishes the slices).
 
 `displace_at_once` is the earlier, optimistic model, kept to reproduce its figures
-(docs/offer-mode.md): placements that displace free instances are offered too, and a pod
+(docs/offer-simulation.md): placements that displace free instances are offered too, and a pod
 that takes one has them destroyed at once, with no round; with `displace_waiting_only` as
 well, only for the profiles of pods that have waited `batch_window_s`.
 
@@ -48,7 +49,7 @@ from migpart.planning.model import (
     Request,
     Snapshot,
 )
-from migpart.planning.offer import Holdback, Offered, OfferGpu, Step, offer
+from migpart.planning.offer import DEFAULT_DEPTH, Holdback, Offered, OfferGpu, Step, offer
 from migpart.planning.overtime import held_node
 from migpart.sim.cluster import Device, SimCluster
 from migpart.sim.engine import Engine
@@ -77,6 +78,9 @@ class Offer:
     displace_waiting_only: bool = False
     hold_used: float | None = None
     hold_s: float = 1800.0
+    # New placements offered per profile and node, as the operator's `--offer-depth`
+    # (`planning.offer`, "How many"); the optimistic model offers every placement.
+    depth: int | None = DEFAULT_DEPTH
     name: str = "offer"
     # The reactive rounds (None with `displace_at_once`) and the pods they plan for.
     _rounds: Migpart | None = None
@@ -208,7 +212,8 @@ class Offer:
         holdback = Holdback(whole=frozenset(g.index for g in gpus)) if held else None
         # A held node offers nothing while a pod runs on it, then its GPUs whole.
         if not held or not any(i.used for g in gpus for i in g.instances):
-            for o in offer(gpus, self.policy, holdback, waiting):
+            depth = None if self.displace_at_once else self.depth
+            for o in offer(gpus, self.policy, holdback, waiting, depth):
                 by_profile.setdefault(o.instance.profile, []).append(o)
         self._offers[node] = (engine.now, key, waiting, held, by_profile)
         return by_profile

@@ -167,7 +167,7 @@ def make_policy(
         ), pods
     if name == "offer-optimistic":
         # The earlier model of offer mode: displacing placements taken at once, no round
-        # (docs/offer-mode.md, "Results"), kept to reproduce its figures.
+        # (docs/offer-simulation.md, "Results"), kept to reproduce its figures.
         return Offer(
             policy=config.planner_policy,
             actuation_s=config.actuation_s,

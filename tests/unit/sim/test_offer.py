@@ -105,6 +105,22 @@ def test_pods_the_offer_holds_need_no_round() -> None:
     assert policy.rounds == 0
 
 
+def test_a_pod_past_the_offer_depth_is_served_by_the_next_node_or_a_round() -> None:
+    # Three 1g pods at once, two nodes of one GPU: node 1 offers two 1g placements (the
+    # depth), so the third goes to node 2; with depth 1 each node offers one, and the third
+    # pod waits for a round (as in a cluster, until the operator offers the next one).
+    pods = [pod(n, 0, 100, "1g.10gb") for n in "abc"]
+    deep = Offer(actuation_s=5, depth=2)
+    out = CheckedEngine(SimCluster(H100, 2, 1), pods, deep).run()
+    assert out.waits_s == [5, 5, 5]
+    assert deep.rounds == 0
+    shallow = Offer(actuation_s=5, batch_window_s=2, depth=1)
+    out = CheckedEngine(SimCluster(H100, 2, 1), pods, shallow).run()
+    assert out.waits_s[:2] == [5, 5]
+    assert out.waits_s[2] > 5
+    assert shallow.rounds >= 1
+
+
 def test_an_unschedulable_pod_waits_for_a_round_that_can_serve_it() -> None:
     # At 20 the GPU holds a free 3g (a's) and b's 4g; c (7g) needs the free 3g displaced and
     # b running to end: unschedulable. d (3g, at 21) takes the free 3g from the offer, so the
