@@ -196,8 +196,18 @@ def test_unknown_key_fails_naming_it(values: Doc, named: str, command: str, tmp_
         ({"agent": {"kubeletRootDir": "var/lib/kubelet"}}, "kubeletRootDir"),
         ({"agent": {"extraArgs": ["resync-seconds=5"]}}, "extraArgs"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
+        ({"operator": {"offerDepth": 0}}, "offerDepth"),
     ],
-    ids=["enum", "digest", "log-level", "port-zero", "relative-root", "arg-no-dashes", "interval"],
+    ids=[
+        "enum",
+        "digest",
+        "log-level",
+        "port-zero",
+        "relative-root",
+        "arg-no-dashes",
+        "interval",
+        "offer-depth-zero",
+    ],
 )
 def test_bad_value_fails_naming_it(values: Doc, named: str, tmp_path: Path) -> None:
     message = rejected(values, tmp_path, "template")
