@@ -88,6 +88,32 @@ def failed_placements(node: MigNode) -> frozenset[str]:
     return frozenset(device_name(f.gpu, f.profile, f.start) for f in failures)
 
 
+def planned_overlaps(node: MigNode) -> frozenset[str]:
+    """The placements that overlap an instance the node's spec wants and its agent has not
+    made yet (a round's plan, or a placement the relay wrote for a claim): leaving the offer,
+    they must leave at once (`Offers.needs`), or one could be allocated over the instance on
+    its way."""
+    desired = node.desired()
+    out: set[str] = set()
+    for gpu in node.status.gpus if node.status else []:
+        want = desired.get(gpu.index)
+        if not want or not gpu.mig_enabled or not gpu.profiles:
+            continue
+        table = gpu.table()
+        have = {Instance(i.profile, i.start) for i in gpu.instances}
+        for inst in want - have:
+            if not table.has(inst.profile):
+                continue
+            mask = table.profile(inst.profile).mask(inst.start)
+            out.update(
+                device_name(gpu.index, p.name, start)
+                for p in table.profiles
+                for start in p.placements
+                if p.mask(start) & mask
+            )
+    return frozenset(out)
+
+
 def node_offer(
     node: MigNode, view: PolicyView, held: Iterable[str] = (), depth: int = DEFAULT_DEPTH
 ) -> list[tuple[int, Instance]]:
@@ -163,6 +189,8 @@ class Offers:
     backing_off: Callable[[str], frozenset[str]] = _none
     depth: int = DEFAULT_DEPTH
     _nodes: dict[str, NodeOffer] = field(default_factory=dict)
+    # node -> `planned_overlaps` of the MigNode its slices were last computed from (`slices`)
+    _planned: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def offered(self, node: str) -> bool:
         """Whether node `node` publishes offers (the relay's predicate)."""
@@ -207,7 +235,9 @@ class Offers:
         name = str(node.metadata.get("name", ""))
         known = self._nodes.get(name)
         if known is None:
+            self._planned.pop(name, None)
             return node_slices(node, withdrawn, available, cache)
+        self._planned[name] = planned_overlaps(node)
         return offer_pool(
             node,
             known.view,
@@ -223,8 +253,13 @@ class Offers:
     def needs(self, node: str, published: list[SliceContent], wanted: list[SliceContent]) -> bool:
         """`SlicePublisher.needs`: for an offering node, whether kube-scheduler can act now on
         the change from `published` to `wanted`, with the devices claims hold there
-        (`offer_content.scheduler_needs`); any change of another node's slice is needed."""
+        (`offer_content.scheduler_needs`); any change of another node's slice is needed.
+        A placement may not linger in the offer once it failed, was refused, or overlaps an
+        instance the spec wants made (`planned_overlaps` of the MigNode `wanted` was computed
+        from: the publisher computes a node's slices before it asks)."""
         if node not in self._nodes:
             return True
-        unusable = self.refused(node) | self.backing_off(node)
+        unusable = (
+            self.refused(node) | self.backing_off(node) | self._planned.get(node, frozenset())
+        )
         return scheduler_needs(published, wanted, self.held(node), unusable)

@@ -11,7 +11,14 @@ from typing import Any, cast
 
 import pytest
 
-from migpart.api.models import FailedInstance, MigNode, MigNodeSpec, MigNodeStatus
+from migpart.api.models import (
+    FailedInstance,
+    GpuSpec,
+    MigInstanceSpec,
+    MigNode,
+    MigNodeSpec,
+    MigNodeStatus,
+)
 from migpart.clock import ManualClock
 from migpart.controller import handlers
 from migpart.controller.effects import InMemoryEffects
@@ -19,7 +26,7 @@ from migpart.controller.handlers import _wire_offers
 from migpart.controller.indexes import waiting_entry
 from migpart.controller.mignodes import MigNodeWatch
 from migpart.controller.offer_relay import OfferRelay
-from migpart.controller.offers import NodeOffer, Offers, offer_pool
+from migpart.controller.offers import NodeOffer, Offers, offer_pool, planned_overlaps
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.relay import placements, relay
 from migpart.controller.scope import Cluster
@@ -555,6 +562,26 @@ def test_which_placements_are_offered_may_wait_while_their_profile_is_offered() 
     denied = offer_pool(empty, deny, frozenset(), True, frozenset(), frozenset(), depth=2)
     assert scheduler_needs(before, denied, frozenset())
     assert scheduler_needs(denied, before, frozenset())  # nor a profile joining it
+
+
+def test_a_placement_a_planned_instance_overlaps_leaves_the_offer_at_once() -> None:
+    """A round planned a 3g.40gb at 4 on GPU 0 (the spec wants it, the agent has not made it):
+    the placements over it leave the offer. Their profiles are still offered elsewhere, so as
+    a re-steer it could wait; over an instance on its way, it may not."""
+    offers = Offers()
+    offers.assign("pa", ["a"], NodeOffer("pa", EVERY_PROFILE))
+    plain = node(gpu(0), gpu(1))
+    wanted = [MigInstanceSpec(profile="3g.40gb", start=4)]
+    spec = MigNodeSpec(plan_id="p1", gpus=[GpuSpec(index=0, instances=wanted)])
+    planned = plain.model_copy(update={"spec": spec})
+    before = offers.slices(plain, frozenset(), True, DeviceCache())
+    after = offers.slices(planned, frozenset(), True, DeviceCache())
+    gone = set(by_name(before)) - set(by_name(after))
+    assert gone
+    assert gone <= planned_overlaps(planned)
+    assert not scheduler_needs(before, after, frozenset())  # a re-steer alone may wait
+    assert offers.needs("a", before, after)
+    assert planned_overlaps(plain) == frozenset()
 
 
 def test_a_free_instance_let_go_must_not_wait_behind_the_placements() -> None:
