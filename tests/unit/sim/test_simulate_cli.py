@@ -10,7 +10,7 @@ import pytest
 
 from migpart.commands import simulate
 from migpart.sim.report import verdict
-from migpart.sim.run import BUILTIN
+from migpart.sim.run import BUILTIN, VARIANTS
 
 TRACE = Path(__file__).parents[2] / "fixtures" / "traces" / "openb_pod_list_default.csv"
 SHORT = ["--trace", str(TRACE), "--nodes", "2", "--offset", "1000", "--limit", "150"]
@@ -21,6 +21,8 @@ def test_the_table_and_the_ratio_line(capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr().out
     for policy in BUILTIN:
         assert f"\n{policy} " in out
+    for variant in VARIANTS:  # run only when named
+        assert f"\n{variant} " not in out
     assert "creates" in out
     assert "planner cpu s/day" in out
     ratio = out.strip().splitlines()[-1]
@@ -124,3 +126,8 @@ def test_nvidias_stock_config_is_simulated_with_one_warning_per_skip(
         "left out: all-1g.5gb, all-1g.5gb.me, all-2g.10gb, all-3g.20gb, all-balanced"
         in warnings[-1]
     )
+
+
+def test_a_variant_runs_when_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert simulate.main([*SHORT, "--policies", "first-fit,offer-optimistic", "--seeds", "1"]) == 0
+    assert "\noffer-optimistic " in capsys.readouterr().out
