@@ -49,7 +49,15 @@ from migpart.planning.model import (
     Request,
     Snapshot,
 )
-from migpart.planning.offer import DEFAULT_DEPTH, Holdback, Offered, OfferGpu, Step, offer
+from migpart.planning.offer import (
+    DEFAULT_DEPTH,
+    Holdback,
+    Offered,
+    OfferGpu,
+    Step,
+    node_spares,
+    offer,
+)
 from migpart.planning.overtime import held_node
 from migpart.sim.cluster import Device, SimCluster
 from migpart.sim.engine import Engine
@@ -209,7 +217,11 @@ class Offer:
             return cached[4]
         by_profile: _NodeOffer = {}
         gpus = _gpus(engine.cluster, node)
-        holdback = Holdback(whole=frozenset(g.index for g in gpus)) if held else None
+        # As the operator's `node_offer`: the policy's spares are offered, never displaced.
+        holdback = Holdback(
+            spares=node_spares(gpus, self.policy.spares),
+            whole=frozenset(g.index for g in gpus) if held else frozenset(),
+        )
         # A held node offers nothing while a pod runs on it, then its GPUs whole.
         if not held or not any(i.used for g in gpus for i in g.instances):
             depth = None if self.displace_at_once else self.depth

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from migpart.mig import CATALOG, Instance, layout_problems
+from migpart.planning.model import PolicyView, Spare
 from migpart.sim.cluster import SimCluster
 from migpart.sim.engine import Engine, Policy
 from migpart.sim.offer import Offer
@@ -199,3 +200,17 @@ def test_a_node_held_for_a_multi_gpu_pod_offers_nothing_else_until_it_drains() -
     # m waits for s to leave at 217, then a round (2 s) and two creations.
     out = CheckedEngine(SimCluster(H100, 1, 2), pods, Offer(actuation_s=5, hold_used=0.5)).run()
     assert out.waits_s == [5, 217 + 2 + 10 - 1, 2 + 5]
+
+
+def test_a_spare_is_offered_but_never_displaced() -> None:
+    # a's 3g stays free after it leaves. The optimistic model displaces it for b's 7g at once;
+    # kept as the policy's spare (as the operator's offer keeps it) it is not displaced.
+    pods = [pod("a", 0, 10, "3g.40gb"), pod("b", 20, 10, "7g.80gb"), pod("c", 40, 10, "3g.40gb")]
+    free = Offer(actuation_s=5, displace_at_once=True)
+    out = CheckedEngine(SimCluster(H100, 1, 1), pods, free).run()
+    assert out.waits_s[1] == 5
+    kept = PolicyView(spares=(Spare("3g.40gb", 1),))
+    spare = Offer(policy=kept, actuation_s=5, displace_at_once=True)
+    out = CheckedEngine(SimCluster(H100, 1, 1), pods, spare).run()
+    assert out.waits_s[2] == 0  # c takes the spare
+    assert not out.destroys
