@@ -442,19 +442,20 @@ def _offer_needed(
     if any(before[name] != after[name] for name in before.keys() & after.keys()):
         return True
 
-    def still(devices: Mapping[str, Device], names: Iterable[str]) -> bool:
-        """Whether every device of `names` is a placement (no instance, no taint) whose
-        profile `devices` offers too."""
-        offered = {_profile(d) for d in devices.values() if not d.get("taints")}
-        listed = before if devices is after else after
-        return all(
-            not _created(listed[n])
-            and not listed[n].get("taints")
-            and n not in unusable
-            and _profile(listed[n]) in offered
-            for n in names
+    def profiles(devices: Mapping[str, Device]) -> set[str]:
+        return {_profile(d) for d in devices.values() if not d.get("taints")}
+
+    def steering(name: str, device: Device, offered: set[str]) -> bool:
+        """Whether `device` joining or leaving the offer is steering only: a placement (no
+        instance, no taint, not unusable) of a profile the other side offers too."""
+        return (
+            not _created(device)
+            and not device.get("taints")
+            and name not in unusable
+            and _profile(device) in offered
         )
 
-    return not (
-        still(after, before.keys() - after.keys()) and still(before, after.keys() - before.keys())
-    )
+    still, had = profiles(after), profiles(before)
+    gone = all(steering(n, before[n], still) for n in before.keys() - after.keys())
+    joined = all(steering(n, after[n], had) for n in after.keys() - before.keys())
+    return not (gone and joined)
