@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from migpart.api.models import (
     FailedInstance,
@@ -36,11 +38,12 @@ from migpart.kube.election import InMemoryLeaseStore, LeaderElector
 from migpart.kube.features import DraFeatures
 from migpart.kube.placement import NodeFacts
 from migpart.kube.slice_publisher import STEERING_DELAY_S, Published, SlicePublisher
+from migpart.mig import CATALOG, Instance, addable_placements
 from migpart.offer_content import FAILED_TAINT, WITHDRAWN_TAINT, scheduler_needs
 from migpart.planning.model import PolicyView
 from migpart.planning.offer import DEFAULT_DEPTH
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
-from migpart.testing.builders import ClaimBuilder, PodBuilder, profile_is
+from migpart.testing.builders import H100, ClaimBuilder, PodBuilder, profile_is
 from tests.unit.controller.factories import (
     DEVICE_CLASS,
     claim,
@@ -55,6 +58,7 @@ from tests.unit.controller.test_offer_relay import node_body, offered
 from tests.unit.controller.test_round import allocation, clock_of
 from tests.unit.kube.factories import gpu
 from tests.unit.kube.slice_store import SliceStore
+from tests.unit.planning.strategies import layouts
 
 SERVED = DraFeatures(True, True, "served: partitionable devices, binding conditions")
 NONE = DraFeatures(False, False, "not served: partitionable devices, binding conditions")
@@ -746,3 +750,68 @@ async def test_an_allocation_of_a_free_instance_writes_the_pool_once_after_the_d
     _, after, pool_after = await free_instance_allocated(holding_back=True)
     assert after == [(0, 0), (0, 0), (1, 2)]
     assert pool_after == pool_before
+
+
+@st.composite
+def moves(draw: st.DrawFn) -> tuple[MigNode, MigNode, frozenset[str]]:
+    """A node of 2 H100s before and after one change (an instance made, a free one gone, or
+    a claim's device taken or let go), and the devices claims hold after it."""
+    layouts_ = [draw(layouts(H100)) for _ in range(2)]
+
+    def body(per_gpu: list[list[tuple[str, int, str]]]) -> MigNode:
+        return node(*(gpu(i, *instances) for i, instances in enumerate(per_gpu)))
+
+    states = [
+        [(i.profile, i.start, "Prepared" if i.used else "Free") for i in layout]
+        for layout in layouts_
+    ]
+    before = body(states)
+    after_states = [list(s) for s in states]
+    index = draw(st.integers(0, 1))
+    table = CATALOG[H100]
+    kind = draw(st.sampled_from(["made", "gone", "none"]))
+    if kind == "made":
+        have = [Instance(p, s) for p, s, _ in after_states[index]]
+        options = addable_placements(table, have)
+        if options:
+            made = draw(st.sampled_from(options))
+            after_states[index].append((made.profile, made.start, "Free"))
+    elif kind == "gone":
+        free = [e for e in after_states[index] if e[2] == "Free"]
+        if free:
+            after_states[index].remove(draw(st.sampled_from(free)))
+    after = body(after_states)
+    names = sorted(
+        by_name(offer_pool(after, EVERY_PROFILE, frozenset(), True, frozenset(), frozenset()))
+    )
+    held = frozenset(draw(st.lists(st.sampled_from(names), max_size=2))) if names else frozenset()
+    return before, after, held
+
+
+@settings(max_examples=200, deadline=None)
+@given(moves(), st.integers(1, 3))
+def test_a_pool_left_standing_lists_every_instance_and_every_held_device(
+    move: tuple[MigNode, MigNode, frozenset[str]], depth: int
+) -> None:
+    """Whatever `scheduler_needs` lets wait, the pool kube-scheduler keeps has the counter
+    sets, every instance the node has (its counters must count) and every device claims hold
+    with the counters and taints it has now: never two placements NVML cannot hold both."""
+    before, after, held = move
+    published = offer_pool(
+        before, EVERY_PROFILE, frozenset(), True, frozenset(), frozenset(), depth=depth
+    )
+    wanted = offer_pool(after, EVERY_PROFILE, frozenset(), True, held, frozenset(), depth=depth)
+    if scheduler_needs(published, wanted, held):
+        return
+    old, new = by_name(published), by_name(wanted)
+    assert [c.counter_sets for c in published if c.counter_sets] == [
+        c.counter_sets for c in wanted if c.counter_sets
+    ]
+    for name, device in new.items():
+        if device["attributes"]["created"]["bool"] or name in held:
+            assert name in old, name
+    for name in held:
+        assert (old[name].get("consumesCounters"), old[name].get("taints")) == (
+            new[name].get("consumesCounters"),
+            new[name].get("taints"),
+        )
