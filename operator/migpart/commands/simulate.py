@@ -19,7 +19,7 @@ from migpart.mig import CATALOG
 from migpart.planning.model import PolicyView, Spare
 from migpart.sim.layouts import StaticLayout, mig_parted_layouts, read_mig_parted
 from migpart.sim.report import as_json, ratio_line, table
-from migpart.sim.run import BUILTIN, VARIANTS, SimConfig, simulate
+from migpart.sim.run import BUILTIN, NAMED, VARIANTS, SimConfig, simulate
 from migpart.sim.workload import load_workload
 
 _DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policies",
         default="all",
-        help=f"'all' or a comma list of {', '.join((*BUILTIN, *VARIANTS))} and static:NAME "
+        help=f"'all' or a comma list of {', '.join(NAMED)} and static:NAME "
         "(default all: every one but the variants " + ", ".join(VARIANTS) + ")",
     )
     p.add_argument("--mig-config", help="mig-parted config file; each config is static:NAME")
@@ -133,9 +133,9 @@ def _config(args: argparse.Namespace) -> SimConfig:
         policies = (*BUILTIN, *static)
     else:
         policies = tuple(dict.fromkeys(p.strip() for p in args.policies.split(",") if p.strip()))
-        unknown = [p for p in policies if p not in (*BUILTIN, *VARIANTS) and p not in static]
+        unknown = [p for p in policies if p not in NAMED and p not in static]
         if unknown or not policies:
-            known = ", ".join([*BUILTIN, *VARIANTS, *static])
+            known = ", ".join([*NAMED, *static])
             raise InvalidInput("--policies", f"unknown policy {unknown[:1]} (known: {known})")
     spares = _spares(args.spares)
     for spare in spares:

@@ -35,11 +35,15 @@ from migpart.kube.placement import Placement
 from migpart.mig import Instance, device_name
 from migpart.offer_content import offer_slices, scheduler_needs
 from migpart.planning.model import InstanceState, PolicyView, Request
-from migpart.planning.offer import DEFAULT_DEPTH, Holdback, OfferGpu, node_spares, offer
+from migpart.planning.offer import (
+    DEFAULT_DEPTH,
+    NO_DISPLACING,
+    Holdback,
+    OfferGpu,
+    node_spares,
+    offer,
+)
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
-
-# What displacing placements may have: none (see the module docstring).
-NO_DISPLACING: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

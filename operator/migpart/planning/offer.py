@@ -94,6 +94,9 @@ class Offered:
 
 # New placements offered per profile and node by default (module docstring, "How many").
 DEFAULT_DEPTH = 2
+# `waiting` for an offer with no displacing placements: the operator's, whose relay creates a
+# placement only where nothing is (destroying a free instance is a planning round's).
+NO_DISPLACING: frozenset[str] = frozenset()
 
 
 def offer(

@@ -51,6 +51,7 @@ from migpart.planning.model import (
 )
 from migpart.planning.offer import (
     DEFAULT_DEPTH,
+    NO_DISPLACING,
     Holdback,
     Offered,
     OfferGpu,
@@ -67,8 +68,6 @@ from migpart.sim.workload import SimPod
 # A node's offer by profile, in offer order.
 _NodeOffer = dict[str, list[Offered]]
 _Key = tuple[tuple[int, Instance, bool], ...]
-# What displacing placements may have where the offer is the operator's: none.
-_NO_DISPLACING: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -153,7 +152,7 @@ class Offer:
         one (None: `displace_at_once`), or those of the pods that have waited a batch window
         (`displace_waiting_only`)."""
         if not self.displace_at_once:
-            return _NO_DISPLACING
+            return NO_DISPLACING
         if not self.displace_waiting_only:
             return None
         at, waiting = self._waiting

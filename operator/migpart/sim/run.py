@@ -24,18 +24,12 @@ from migpart.sim.offer import Offer
 from migpart.sim.policies import FirstFit, Static, whole_gpu_pods
 from migpart.sim.workload import SimPod, at_load, jittered, sped_up
 
-BUILTIN = (
-    "mig-off",
-    "all-7g",
-    "all-balanced",
-    "best-static",
-    "first-fit",
-    "migpart",
-    "offer",
-)
+BUILTIN = ("mig-off", "all-7g", "all-balanced", "best-static", "first-fit", "migpart", "offer")
 # Policies run only when named (not by `--policies all`): earlier models kept to reproduce
 # their figures.
 VARIANTS = ("offer-optimistic",)
+# Every policy name `--policies` takes, besides the static ones.
+NAMED = (*BUILTIN, *VARIANTS)
 # Candidate mixes the best-static search may try, the first included.
 _SEARCH_EVALUATIONS = 24
 _SEARCH_SHAPES = ("7", "4+3", "3+3", "3+2+1+1", "4+2+1", "2+2+2+1", "1+1+1+1+1+1+1")
@@ -181,7 +175,7 @@ def make_policy(
         ), pods
     if name in config.static:
         return Static(name, config.static[name]), pods
-    known = ", ".join([*BUILTIN, *VARIANTS, *config.static])
+    known = ", ".join([*NAMED, *config.static])
     raise InvalidInput("--policies", f"unknown policy {name!r} (known: {known})")
 
 
