@@ -38,7 +38,7 @@ from migpart.kube.election import InMemoryLeaseStore, LeaderElector
 from migpart.kube.features import DraFeatures
 from migpart.kube.placement import NodeFacts
 from migpart.kube.slice_publisher import STEERING_DELAY_S, Published, SlicePublisher
-from migpart.mig import CATALOG, Instance, addable_placements
+from migpart.mig import CATALOG, Instance, addable_placements, layout_problems
 from migpart.offer_content import FAILED_TAINT, WITHDRAWN_TAINT, scheduler_needs
 from migpart.planning.model import PolicyView
 from migpart.planning.offer import DEFAULT_DEPTH
@@ -784,8 +784,19 @@ def moves(draw: st.DrawFn) -> tuple[MigNode, MigNode, frozenset[str]]:
     names = sorted(
         by_name(offer_pool(after, EVERY_PROFILE, frozenset(), True, frozenset(), frozenset()))
     )
-    held = frozenset(draw(st.lists(st.sampled_from(names), max_size=2))) if names else frozenset()
-    return before, after, held
+    # What claims hold is what kube-scheduler could allocate together: placements that fit
+    # beside the GPU's instances and each other (an instance itself may be held).
+    where = placements(after)
+    layout = {i: {Instance(p, s) for p, s, _ in after_states[i]} for i in range(2)}
+    held: set[str] = set()
+    for name in draw(st.lists(st.sampled_from(names), max_size=2)) if names else []:
+        place = where[name]
+        if place.instance in layout[place.gpu]:
+            held.add(name)
+        elif not layout_problems(table, [*layout[place.gpu], place.instance]):
+            layout[place.gpu].add(place.instance)
+            held.add(name)
+    return before, after, frozenset(held)
 
 
 @settings(max_examples=200, deadline=None)
