@@ -23,6 +23,7 @@ import aiohttp
 
 from migpart.api.leases import LEASE_DURATION_S, lease_node
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
+from migpart.api.selectors import MANAGED_LABEL
 from migpart.dra import INSTANCE_READY, awaiting_binding
 from migpart.testbed import Testbed
 from migpart.testbed.run import ready_node_status, terminate_all
@@ -87,6 +88,7 @@ def node_labels(i: int, name: str) -> dict[str, str]:
     labels = {
         "kubernetes.io/hostname": name,
         "nvidia.com/mig.capable": "true",
+        MANAGED_LABEL: "true",
         POOL_LABEL: POOLS[i % 2],
     }
     if i % 8 < 2:  # a quarter of the nodes, in both pools

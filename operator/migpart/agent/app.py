@@ -19,6 +19,7 @@ from migpart.agent.claims import KubeClaims
 from migpart.agent.kube import KubeMigNodes
 from migpart.agent.lease import NodeLease
 from migpart.agent.metrics import AgentMetrics, HealthServer
+from migpart.agent.publishers import KubePublishers
 from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimFaults, SimulatedNvml
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
@@ -54,6 +55,9 @@ class AgentConfig:
     lease_namespace: str = LEASE_NAMESPACE
     lease_duration_s: int = LEASE_DURATION_S
     lease_renew_s: float = LEASE_RENEW_S
+    # manage the node even where NVIDIA's device plugin or DRA driver offers its GPUs too
+    # (`migpart.agent.publishers`)
+    allow_publisher_overlap: bool = False
 
 
 # How long each part of the agent's shutdown may take (its tasks, the kubelet plugin's gRPC
@@ -134,6 +138,8 @@ async def serve(
         KubeMigNodes(api, config.node),
         metrics,
         resync_s=config.resync_s,
+        publishers=KubePublishers(api, config.node),
+        allow_overlap=config.allow_publisher_overlap,
     )
     cdi = CdiWriter(config.cdi_dir, _caps_root(config))
     driver = DraDriver(config.node, nvml, KubeClaims(api), checkpoint, cdi, on_change=agent.poke)

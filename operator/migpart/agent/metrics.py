@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, His
 from prometheus_client import Counter as CounterMetric
 from prometheus_client.exposition import generate_latest
 
+from migpart.agent.publishers import PUBLISHERS
 from migpart.agent.reconciler import OpKind
 from migpart.api.models import InstanceStateName, MigNodeStatus
 from migpart.process_metrics import register_process_metrics
@@ -84,6 +85,15 @@ class AgentMetrics:
             ["node"],
             registry=self.registry,
         )
+        self.publisher_overlap = Gauge(
+            "migpart_agent_publisher_overlap",
+            "1 while the agent manages nothing on the node because NVIDIA's device plugin or "
+            "DRA driver (publisher) also offers its GPUs (0 with --allow-publisher-overlap)",
+            ["node", "publisher"],
+            registry=self.registry,
+        )
+        for publisher in PUBLISHERS:
+            self.publisher_overlap.labels(node, publisher).set(0)
         for counter in (self.status_write_failures, self.lease_renewal_failures):
             counter.labels(node)
         for kind in get_args(OpKind):

@@ -382,7 +382,7 @@ async def observe(
     return MigNodeStatus(gpus=out, lost_gpus=sorted(lost)), converged
 
 
-def _condition(
+def condition(
     type_: str,
     status: bool,
     reason: str,
@@ -419,7 +419,7 @@ def _conditions(
         else "AsExpected"
     )
     return [
-        _condition(
+        condition(
             "Ready",
             converged,
             "Converged" if converged else "NotConverged",
@@ -427,5 +427,5 @@ def _conditions(
             previous,
             now,
         ),
-        _condition("Degraded", bool(message), degraded_reason, message, previous, now),
+        condition("Degraded", bool(message), degraded_reason, message, previous, now),
     ]

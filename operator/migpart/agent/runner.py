@@ -9,6 +9,11 @@ with the spec it had), logs `spec_refused` and posts a Warning Event `SpecRefuse
 MigNode. A spec without a token (an operator running without leader election, or one from
 before it) is applied as before and leaves the highest token as it is.
 
+The overlap guard (`migpart.agent.publishers`): while NVIDIA's device plugin or DRA driver
+offers the node's GPUs, a pass carries out no spec (it creates and destroys nothing) and the
+status says why in its `PublisherOverlap` condition; the check runs at the first pass and then
+at most once per resync period.
+
 The loop is level-triggered: a trigger only says "look again"; every pass reads the latest
 spec and the whole NVML state. Failures of one pass (an NVML error, a status write the API
 server refused or never answered) are logged, counted and retried with backoff; they never
@@ -26,8 +31,10 @@ import aiohttp
 import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.agent.reconciler import reconcile_once
+from migpart.agent.publishers import PUBLISHERS, Overlap, PublisherProbe
+from migpart.agent.reconciler import condition, reconcile_once
 from migpart.aio import wait_until_set
+from migpart.api.models import PUBLISHER_OVERLAP
 from migpart.dra import now_iso
 from migpart.errors import GpuBusy, NvmlFailure, ResourceNotServed
 
@@ -38,7 +45,7 @@ if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint
     from migpart.agent.kube import MigNodeStore
     from migpart.agent.metrics import AgentMetrics
-    from migpart.api.models import KubeletPluginStatus, MigNodeSpec, MigNodeStatus
+    from migpart.api.models import Condition, KubeletPluginStatus, MigNodeSpec, MigNodeStatus
 
 log = structlog.get_logger("migpart.agent")
 
@@ -59,6 +66,8 @@ class Agent:
         resync_s: float = 30.0,
         backoff_s: float = 1.0,
         registration: Callable[[], KubeletPluginStatus | None] | None = None,
+        publishers: PublisherProbe | None = None,
+        allow_overlap: bool = False,
     ) -> None:
         self.node = node
         self.backend = backend
@@ -81,6 +90,11 @@ class Agent:
         self.registration = registration
         # the last pass had an NVML error creating an instance: the next one comes with back-off
         self.failing = False
+        # the overlap guard (module docstring): None runs without it (no API server to ask)
+        self.publishers = publishers
+        self.allow_overlap = allow_overlap
+        self.overlap: Overlap | None = None
+        self._overlap_checked: float | None = None  # monotonic time of the last check
 
     def poke(self) -> None:
         """Ask for a reconcile pass soon (e.g. after a claim was prepared)."""
@@ -124,8 +138,15 @@ class Agent:
         """One pass: converge, then write the status if it changed. Its duration is recorded
         only when the whole pass, status write included, succeeded."""
         started = time.monotonic()
+        await self._check_publishers(started)
+        held = self.overlap is not None and not self.allow_overlap
+        now = now_iso()
         result = await reconcile_once(
-            self.spec, self.backend, self.checkpoint, previous=self.status, now=now_iso()
+            None if held else self.spec,
+            self.backend,
+            self.checkpoint,
+            previous=self.status,
+            now=now,
         )
         for op in result.ops:
             self.metrics.operations.labels(self.node, op.kind).inc()
@@ -142,6 +163,10 @@ class Agent:
         if self.registration is not None:
             status = status.model_copy(update={"kubelet_plugin": self.registration()})
         status = status.model_copy(update={"leader_term": self.leader_term})
+        if self.publishers is not None:
+            status = status.model_copy(
+                update={"conditions": [*status.conditions, self._overlap_condition(now)]}
+            )
         created = self.store.created
         if status != self.status or created != self.written_on:
             await self.store.write_status(status)
@@ -156,6 +181,64 @@ class Agent:
         self.metrics.reconcile_seconds.labels(self.node).observe(time.monotonic() - started)
         self.metrics.observe_status(status)
         self.metrics.ready = True
+
+    async def _check_publishers(self, now_s: float) -> None:
+        """Look for other publishers of the node's GPUs at the first pass and then at most once
+        per resync period; a change is logged, counted and told in a Warning Event. A failed
+        look keeps the last verdict (and is tried again at the next pass)."""
+        if self.publishers is None:
+            return
+        checked = self._overlap_checked
+        if checked is not None and now_s - checked < self.resync_s:
+            return
+        try:
+            overlap = await self.publishers.overlap()
+        except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+            log.warning("publisher_check_failed", node=self.node, error=str(err)[:200])
+            return
+        self._overlap_checked = now_s
+        before, self.overlap = self.overlap, overlap
+        for publisher in PUBLISHERS:
+            held = overlap is not None and publisher in overlap.found and not self.allow_overlap
+            self.metrics.publisher_overlap.labels(self.node, publisher).set(1 if held else 0)
+        if overlap == before:
+            return
+        if overlap is None:
+            log.info("publisher_overlap_ended", node=self.node)
+            return
+        message = self._overlap_message(overlap)
+        log.warning("publisher_overlap_found", node=self.node, overlap=message)
+        try:
+            await self.store.warn(PUBLISHER_OVERLAP, message)
+        except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+            log.warning("event_failed", node=self.node, error=str(err)[:200])
+
+    def _overlap_message(self, overlap: Overlap) -> str:
+        if self.allow_overlap:
+            return f"{overlap.describe()}; managed anyway (--allow-publisher-overlap)"
+        return (
+            f"{overlap.describe()}: migpart creates and destroys nothing here and the operator "
+            "publishes no device of this node, so that no MIG device is offered twice. Move "
+            "the node to migpart (docs/gpu-operator.md#moving-a-node-to-migpart) or, if you "
+            "know better, set --allow-publisher-overlap (chart: agent.allowPublisherOverlap)"
+        )
+
+    def _overlap_condition(self, now: str) -> Condition:
+        overlap = self.overlap
+        if overlap is None:
+            return condition(
+                PUBLISHER_OVERLAP,
+                False,
+                "NoOtherPublisher",
+                "neither NVIDIA's device plugin nor its DRA driver offers this node's GPUs",
+                self.status,
+                now,
+            )
+        reason = "Overridden" if self.allow_overlap else overlap.reason
+        message = self._overlap_message(overlap)
+        return condition(
+            PUBLISHER_OVERLAP, not self.allow_overlap, reason, message, self.status, now
+        )
 
     async def _warn_failed(self, status: MigNodeStatus) -> None:
         """A Warning Event on the MigNode for each instance newly not created (refused as

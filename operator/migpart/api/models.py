@@ -377,7 +377,15 @@ class LastPlan(_Model):
 
 
 MAX_LISTED_NODES = 64
-UnavailableReason = Literal["LeaseExpired", "PluginNotRegistered"]
+UnavailableReason = Literal["NotOptedIn", "PublisherOverlap", "LeaseExpired", "PluginNotRegistered"]
+"""Why the operator leaves a node alone (`controller/health.py`): the node lacks the opt-in label
+(`--node-selector`), another publisher offers its GPUs (the agent's `PublisherOverlap`
+condition), its agent's Lease expired, or kubelet has not registered the DRA plugin."""
+
+PUBLISHER_OVERLAP = "PublisherOverlap"
+"""The MigNode condition in which the agent says whether NVIDIA's device plugin or DRA driver
+already offers the node's GPUs (True: the agent manages nothing there, the operator publishes
+nothing; `migpart.agent.publishers`)."""
 
 
 class UnavailableNode(_Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
@@ -52,7 +53,7 @@ class LabelSelector(_Model):
     ] = {}
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] = []
 
-    def matches(self, labels: dict[str, str]) -> bool:
+    def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether a node with `labels` is selected (metav1 semantics)."""
         if any(labels.get(k) != v for k, v in self.match_labels.items()):
             return False
@@ -67,3 +68,31 @@ class LabelSelector(_Model):
             if e.operator == "DoesNotExist" and present:
                 return False
         return True
+
+
+MANAGED_LABEL = "migpart.io/managed"
+DEFAULT_NODE_SELECTOR = f"{MANAGED_LABEL}=true"
+"""The nodes migpart manages unless told otherwise: those that opted in with this label (the
+agent's DaemonSet selects it, the operator's `--node-selector` defaults to it)."""
+
+
+def parse_node_selector(text: str) -> LabelSelector:
+    """A label selector in the `kubectl -l` equality form, `key=value[,key2=value2]` with a bare
+    `key` for "the label exists"; "" selects every node. Raises ValueError naming the part it
+    cannot read (set-based forms such as `key in (a,b)` are not accepted)."""
+    labels: dict[str, str] = {}
+    exists: list[LabelSelectorRequirement] = []
+    for raw in text.split(",") if text.strip() else []:
+        part = raw.strip()
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not key or any(c in part for c in "!() ") or value.startswith("="):
+            raise ValueError(
+                f"node selector {text!r}: cannot read {part!r}; give key=value pairs or bare "
+                "keys, separated by commas (e.g. migpart.io/managed=true)"
+            )
+        if eq:
+            labels[key] = value
+        else:
+            exists.append(LabelSelectorRequirement(key=key, operator="Exists"))
+    return LabelSelector(match_labels=labels, match_expressions=exists)

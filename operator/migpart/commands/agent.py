@@ -123,6 +123,14 @@ def parser() -> argparse.ArgumentParser:
         " agent has not stopped after this long (keep it under the pod's"
         " terminationGracePeriodSeconds)",
     )
+    p.add_argument(
+        "--allow-publisher-overlap",
+        action="store_true",
+        help="manage the node even where NVIDIA's device plugin (allocatable nvidia.com/gpu or "
+        "nvidia.com/mig-*) or DRA driver (ResourceSlices of gpu.nvidia.com) offers its GPUs "
+        "too; without it the agent manages nothing there and the operator publishes no device "
+        "of the node, so that no MIG device is offered twice (docs/gpu-operator.md)",
+    )
     p.add_argument("--log-level", type=log_level, default="INFO", help="DEBUG, INFO, WARNING, ...")
     return p
 
@@ -158,6 +166,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
         lease_renew_s=args.lease_renew_seconds,
         metrics_port=args.metrics_port,
         resync_s=args.resync_seconds,
+        allow_publisher_overlap=args.allow_publisher_overlap,
     )
 
 

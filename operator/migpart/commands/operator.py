@@ -22,6 +22,7 @@ import structlog
 
 from migpart import logs
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
+from migpart.api.selectors import DEFAULT_NODE_SELECTOR, LabelSelector, parse_node_selector
 from migpart.clock import RealClock
 from migpart.commands.options import Parser, log_level, port
 from migpart.controller.handlers import Election, OperatorConfig, build_registry
@@ -69,6 +70,13 @@ def _offer_depth(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: expected a number of placements >= 1")
     return value
+
+
+def _node_selector(text: str) -> LabelSelector:
+    try:
+        return parse_node_selector(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _number(text: str) -> float:
@@ -155,6 +163,17 @@ def parser() -> argparse.ArgumentParser:
         "for more devices of one profile on one node is served by a round; kube-scheduler "
         "evaluates every listed device each time it tries to fit a pod on a node, so a "
         "deeper offer costs it CPU)",
+    )
+    p.add_argument(
+        "--node-selector",
+        type=_node_selector,
+        default=DEFAULT_NODE_SELECTOR,
+        metavar="KEY=VALUE[,KEY[=VALUE]...]",
+        help="the Nodes migpart manages: those whose labels match (equality, or a bare key for "
+        "'the label exists'); no device is published and nothing planned on any other, so that "
+        "a node opts in when it is labelled (default: "
+        f"{DEFAULT_NODE_SELECTOR}, the label the agent's DaemonSet selects; '' for every node "
+        "with an agent)",
     )
     p.add_argument(
         "--leader-elect",
@@ -262,6 +281,7 @@ async def run(args: argparse.Namespace) -> None:
         election=election(args),
         offer_publishing=args.offer_publishing,
         offer_depth=args.offer_depth,
+        node_selector=args.node_selector,
     )
     try:
         # kopf resolves the resources of its handlers when it starts; a CRD that is

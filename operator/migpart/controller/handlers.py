@@ -31,6 +31,7 @@ from migpart.api.models import (
     VERSION,
     UnavailableReason,
 )
+from migpart.api.selectors import DEFAULT_NODE_SELECTOR, LabelSelector, parse_node_selector
 from migpart.clock import Clock
 from migpart.controller.bodies import parse_policy
 from migpart.controller.effects import KubeEffects
@@ -122,6 +123,10 @@ class OperatorConfig:
     offer_publishing: bool = False
     # `--offer-depth`: new placements offered per profile and node (planning.offer, "How many")
     offer_depth: int = DEFAULT_DEPTH
+    # `--node-selector`: the Nodes migpart manages (opted in); no device is published elsewhere
+    node_selector: LabelSelector = field(
+        default_factory=lambda: parse_node_selector(DEFAULT_NODE_SELECTOR)
+    )
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -159,6 +164,7 @@ async def startup(
         config.clock,
         timeout_s=config.lease_timeout_s,
         registration_grace_s=config.registration_grace_s,
+        selects=config.node_selector.matches,
     )
     publisher = SlicePublisher(api, gate=health.reason, clock=config.clock)
     scopes = ScopeCache()

@@ -3,14 +3,15 @@
 - `/metrics`, `/healthz` and `/readyz` on one port (aiohttp, which kopf already brings).
   `/healthz` answers while the process runs; `/readyz` once kopf has started its watches and
   the API server serves migpart's CRDs (`await_crds`).
-- `NodeHealth`: which nodes are unavailable (agent Lease expired, or kubelet plugin not
-  registered), fed by the Lease watch (`kube.leases`) and the MigNode events.
+- `NodeHealth`: which nodes are unavailable (not opted in, offered by another publisher, agent
+  Lease expired, or kubelet plugin not registered), fed by the Node watch, the Lease watch
+  (`kube.leases`) and the MigNode events.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -107,11 +108,17 @@ async def await_crds(api: ApiClient, served: asyncio.Event, clock: Clock) -> Non
 
 @dataclass
 class NodeHealth:
-    """Which nodes the operator leaves alone, and why: the agent's Lease has not been seen
-    renewed for `timeout_s` (`LeaseExpired`), or the agent reports that kubelet has not
+    """Which nodes the operator leaves alone, and why, in this order: the Node does not carry
+    the opt-in labels (`selects`, the operator's `--node-selector`: `NotOptedIn`), the agent
+    reports that NVIDIA's device plugin or DRA driver already offers the node's GPUs (its
+    MigNode's `PublisherOverlap` condition: `PublisherOverlap`), the agent's Lease has not been
+    seen renewed for `timeout_s` (`LeaseExpired`), or the agent reports that kubelet has not
     registered its plugin (`PluginNotRegistered`). Such a node is left out of every policy's
     scope (nothing planned there, its `maxConcurrentNodes` slot free) and its slice lists no
     device.
+
+    Until the Node watch has listed once no node is judged by its labels: a restarted operator
+    that saw the MigNodes first must not empty every slice for a moment.
 
     Freshness is judged by when *this operator* saw a Lease's renewTime change (its own
     monotonic clock), not by the renewTime itself: clocks of nodes and operator may differ, as
@@ -157,6 +164,32 @@ class NodeHealth:
     _unavailable: dict[str, UnavailableReason] = field(default_factory=dict)
     # nodes whose verdict changed since the last check (by a check, or by a MigNode event)
     _changed: set[str] = field(default_factory=set)
+    # whether a Node's labels opt it in (None: every node is managed)
+    selects: Callable[[Mapping[str, str]], bool] | None = None
+    _nodes_listed: bool = False
+    _not_selected: set[str] = field(default_factory=set)  # Nodes that did not opt in
+    # node -> the agent's PublisherOverlap message, while that condition is True
+    _overlap: dict[str, str] = field(default_factory=dict)
+
+    # ------------------------------------------------------------ the Node watch
+
+    def nodes_listed(self, labels: Mapping[str, Mapping[str, str]]) -> None:
+        """Every Node with its labels, at each (re)list of the Node watch."""
+        self._not_selected = {n for n, lbl in labels.items() if not self._selected(lbl)}
+        self._nodes_listed = True
+        self._full = True
+
+    def node_changed(self, name: str, labels: Mapping[str, str] | None) -> None:
+        """A Node event (None: the Node was deleted); its verdict follows at once."""
+        if labels is not None and self._selected(labels):
+            self._not_selected.discard(name)
+        else:
+            self._not_selected.add(name)
+        if name in self._nodes:
+            self._update(name)
+
+    def _selected(self, labels: Mapping[str, str]) -> bool:
+        return self.selects is None or self.selects(labels)
 
     # ------------------------------------------------------------ the Lease watch (LeaseSink)
 
@@ -188,11 +221,18 @@ class NodeHealth:
 
     # ------------------------------------------------------------ MigNodes
 
-    def mignode(self, name: str, plugin: KubeletPluginStatus | None) -> bool:
-        """A MigNode event; returns whether the node's availability changed. A registration
+    def mignode(
+        self, name: str, plugin: KubeletPluginStatus | None, overlap: str | None = None
+    ) -> bool:
+        """A MigNode event (`overlap`: the message of its `PublisherOverlap` condition while
+        True); returns whether the node's availability changed. A registration or overlap
         change takes effect at once (the slice published right after must follow it); the
         next check still reports it, so that it is acted on in one place."""
         self._nodes.add(name)
+        if overlap is None:
+            self._overlap.pop(name, None)
+        else:
+            self._overlap[name] = overlap
         if plugin is not None and not plugin.registered:
             if name in self._registered:  # registered until now: a restarted agent, likely
                 self._grace_until[name] = self.clock.monotonic() + self.registration_grace_s
@@ -212,6 +252,7 @@ class NodeHealth:
         self._grace_until.pop(name, None)
         self._unavailable.pop(name, None)
         self._changed.discard(name)
+        self._overlap.pop(name, None)
 
     # ------------------------------------------------------------ verdicts
 
@@ -235,6 +276,10 @@ class NodeHealth:
         return self._synced_at is not None and renewal is not None and renewal[1] > self._synced_at
 
     def _reason(self, node: str) -> UnavailableReason | None:
+        if self._nodes_listed and node in self._not_selected:
+            return "NotOptedIn"
+        if node in self._overlap:
+            return "PublisherOverlap"
         silent = self.silent_s(node)
         if silent is not None and silent > self.timeout_s:
             return "LeaseExpired"
@@ -296,6 +341,10 @@ class NodeHealth:
     def describe(self, node: str) -> str:
         """A sentence for conditions and logs."""
         reason = self.reason(node)
+        if reason == "NotOptedIn":
+            return "the Node does not carry the labels of the operator's --node-selector"
+        if reason == "PublisherOverlap":
+            return self._overlap.get(node) or "another publisher offers the node's GPUs"
         if reason == "LeaseExpired":
             silent = self.silent_s(node) or 0.0
             return (

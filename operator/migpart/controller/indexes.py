@@ -14,7 +14,7 @@ the MigNodes the operator wrote that the watch has not shown yet.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -166,10 +166,35 @@ WATCHED: dict[str, Watched] = {
 }
 
 
+class NodeIndex(Index):
+    """The `nodes_index`, which also tells node health each Node's labels: a node that does
+    not opt in (`--node-selector`) gets no device (`NodeHealth`, `NotOptedIn`)."""
+
+    def __init__(self, state: OperatorState) -> None:
+        watched = WATCHED["nodes_index"]
+        super().__init__(watched.entry, state.wake_all, quiet_when_same=watched.quiet_when_same)
+        self.state = state
+
+    def listed(self, objects: Sequence[Body]) -> None:
+        super().listed(objects)
+        self.state.health.nodes_listed({name_of(o): _labels(o) for o in objects})
+
+    def changed(self, kind: str, obj: Body) -> None:
+        super().changed(kind, obj)
+        self.state.health.node_changed(name_of(obj), None if kind == "DELETED" else _labels(obj))
+
+
+def _labels(body: Body) -> Mapping[str, str]:
+    labels: Mapping[str, str] = (body.get("metadata") or {}).get("labels") or {}
+    return labels
+
+
 def watched_indexes(state: OperatorState) -> dict[str, Index]:
     """A fresh `kube.watch.Index` per WATCHED id, waking the planning loops on each change."""
     return {
-        index_id: Index(w.entry, state.wake_all, quiet_when_same=w.quiet_when_same)
+        index_id: NodeIndex(state)
+        if index_id == "nodes_index"
+        else Index(w.entry, state.wake_all, quiet_when_same=w.quiet_when_same)
         for index_id, w in WATCHED.items()
     }
 

@@ -5,8 +5,8 @@ back as a MigNode event: thousands in a burst at 1,000 nodes. `MigNodeWatch` kee
 `mignodes_index` the planning rounds read (a `kube.watch.Index`) and, per event:
 
 - parses the MigNode once per resourceVersion (`ScopeCache.node`, shared with the rounds);
-- tells node health what the agent says about kubelet's plugin registration, and whether the
-  MigNode carries `Stale`;
+- tells node health what the agent says about kubelet's plugin registration and about other
+  publishers of the node's GPUs (`PublisherOverlap`), and whether the MigNode carries `Stale`;
 - writes, while leading, a spec the agent refused (an older leadership's, `decisions.
   refused_spec_repair`) over with what the agent has;
 - tells the offer relay (`controller/offer_relay.py`) that the node changed;
@@ -36,6 +36,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from migpart.api.models import (
     GROUP,
     MIGNODE_PLURAL,
+    PUBLISHER_OVERLAP,
     VERSION,
     MigNode,
     MigNodeSpec,
@@ -105,7 +106,15 @@ class MigNodeWatch(Index):
             state.stale_flagged.add(name)
         else:
             state.stale_flagged.discard(name)
-        state.health.mignode(name, status.kubelet_plugin if status else None)
+        overlap = next(
+            (
+                c.message or c.reason
+                for c in (status.conditions if status else ())
+                if c.type == PUBLISHER_OVERLAP and c.status == "True"
+            ),
+            None,
+        )
+        state.health.mignode(name, status.kubelet_plugin if status else None, overlap)
         self.repair(name, view.node)
         self.publish(name)
         if state.relay is not None:

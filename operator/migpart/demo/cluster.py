@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -23,7 +23,7 @@ from migpart.dra import DRIVER
 from migpart.kube.election import DEFAULT_NAMESPACE
 from migpart.testbed import Testbed
 from migpart.testbed.kubelet import NodeKubelet
-from migpart.testbed.run import terminate_all
+from migpart.testbed.run import opted_in, terminate_all
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "crds"
@@ -110,7 +110,7 @@ class LocalCluster:
         self,
         name: str,
         gpus: str = "NVIDIA H100 80GB HBM3:8",
-        labels: dict[str, str] | None = None,
+        labels: Mapping[str, str | None] | None = None,
         sim_latency_ms: float = 0.0,
         extra_args: tuple[str, ...] = (),
         kubelet: bool = True,
@@ -122,7 +122,8 @@ class LocalCluster:
         drives pods with its own light stand-in."""
         node_dir = self.dir / "nodes" / name
         node_dir.mkdir(parents=True, exist_ok=True)
-        all_labels = {"nvidia.com/mig.capable": "true", **(labels or {})}
+        given = {"nvidia.com/mig.capable": "true", **(labels or {})}
+        all_labels = opted_in(given)
         real: NodeKubelet | None = None
         if kubelet:
             real = NodeKubelet(self.testbed, name, node_dir / "k", all_labels)
@@ -136,7 +137,7 @@ class LocalCluster:
                 "--report-registration",
             ]
         else:
-            self.testbed.add_node(name, all_labels)
+            self.testbed.add_node(name, given)
             dirs = [
                 "--plugin-dir",
                 str(node_dir / "plugins"),

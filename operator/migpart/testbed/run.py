@@ -14,11 +14,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from migpart.api.selectors import MANAGED_LABEL
 from migpart.dra import now_iso
 from migpart.errors import MigpartError
 from migpart.testbed.build import build
@@ -165,13 +166,14 @@ class Testbed:
         """The process id of each running component, by name (e.g. for CPU accounting)."""
         return {name: proc.pid for name, proc, _ in self._procs if proc.poll() is None}
 
-    def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
-        """Create a Ready Node with no kubelet behind it, schedulable (idempotent).
+    def add_node(self, name: str, labels: Mapping[str, str | None] | None = None) -> None:
+        """Create a Ready Node with no kubelet behind it, schedulable (idempotent). It opts in
+        to migpart (`migpart.io/managed=true`) unless `labels` gives that label None.
 
         The API server taints new Nodes `not-ready` and no node lifecycle controller runs
         here, so the taint is removed once the Ready condition is written.
         """
-        label_lines = "".join(f"    {k}: {json.dumps(v)}\n" for k, v in (labels or {}).items())
+        label_lines = "".join(f"    {k}: {json.dumps(v)}\n" for k, v in opted_in(labels).items())
         self.kubectl(
             "apply",
             "-f",
@@ -374,3 +376,10 @@ class Testbed:
         for stage in (first, last):
             terminate_all([(proc, log) for _, proc, log in stage], grace_s)
         self._procs.clear()
+
+
+def opted_in(labels: Mapping[str, str | None] | None) -> dict[str, str]:
+    """A test node's labels: `migpart.io/managed=true` (migpart manages it) and `labels`, where
+    a label given None is left out (None for the managed label: a node that did not opt in)."""
+    merged = {MANAGED_LABEL: "true", **(labels or {})}
+    return {k: v for k, v in merged.items() if v is not None}

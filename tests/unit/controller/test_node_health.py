@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, cast
 
 from migpart.api.models import Condition, KubeletPluginStatus, MigNode
+from migpart.api.selectors import DEFAULT_NODE_SELECTOR, MANAGED_LABEL, parse_node_selector
 from migpart.clock import ManualClock
 from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
@@ -354,3 +356,56 @@ async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last
     await handlers.mark_stale(state)
     assert writes() == [("a", "5", "False"), ("a", "6", "True")]
     assert state.stale_marks == {}
+
+
+def opted_in(labels: Mapping[str, str]) -> bool:
+    return parse_node_selector(DEFAULT_NODE_SELECTOR).matches(labels)
+
+
+def test_a_node_that_did_not_opt_in_is_unavailable_once_the_nodes_are_listed() -> None:
+    clock = ManualClock(at=100.0)
+    h = NodeHealth(clock, timeout_s=40.0, selects=opted_in)
+    h.mignode("in", None)
+    h.mignode("out", None)
+    h.node_changed("out", {"nvidia.com/gpu.present": "true"})
+    # the MigNodes were seen before the Nodes (a restarted operator): nobody is judged yet
+    assert h.check() == []
+    h.nodes_listed({"in": {MANAGED_LABEL: "true"}, "out": {"nvidia.com/gpu.present": "true"}})
+    assert h.check() == ["out"]
+    assert h.reason("out") == "NotOptedIn"
+    assert "--node-selector" in h.describe("out")
+    assert h.reason("in") is None
+    h.node_changed("out", {MANAGED_LABEL: "true"})  # kubectl label node out migpart.io/managed=true
+    assert h.check() == ["out"]
+    assert h.reason("out") is None
+    h.node_changed("in", {MANAGED_LABEL: "false"})
+    assert h.check() == ["in"]
+    assert h.reason("in") == "NotOptedIn"
+    h.node_changed("out", None)  # the Node was deleted
+    assert h.reason("out") == "NotOptedIn"
+
+
+def test_without_a_selector_every_node_is_managed() -> None:
+    h = NodeHealth(ManualClock(at=1.0), selects=None)
+    h.mignode("a", None)
+    h.nodes_listed({"a": {}})
+    assert h.check() == []
+
+
+def test_another_publisher_makes_the_node_unavailable_while_the_agent_says_so() -> None:
+    clock = ManualClock(at=100.0)
+    h = health(clock, "a")
+    message = "NVIDIA's device plugin (node allocatable: nvidia.com/mig-1g.10gb: 7) ..."
+    assert h.mignode("a", None, message)
+    assert h.reason("a") == "PublisherOverlap"
+    assert h.describe("a") == message
+    assert h.check() == ["a"]
+    # it outranks an expired Lease: the reason that needs the user's hand is the one told
+    h.leases_listed({"a": "t1"})
+    clock.advance(100)
+    assert h.check() == []
+    assert h.reason("a") == "PublisherOverlap"
+    assert h.mignode("a", None, None)
+    assert h.reason("a") == "LeaseExpired"
+    h.forget("a")
+    assert h.reason("a") is None

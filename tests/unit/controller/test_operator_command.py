@@ -48,3 +48,26 @@ def test_offer_depth_must_be_a_whole_number(value: str, capsys: pytest.CaptureFi
         parse_args(["--offer-depth", value])
     assert exit_.value.code == 2
     assert "--offer-depth" in capsys.readouterr().err
+
+
+def test_the_operator_manages_the_opted_in_nodes_unless_told_otherwise() -> None:
+    default = parse_args([]).node_selector
+    assert default.matches({"migpart.io/managed": "true"})
+    assert not default.matches({"nvidia.com/gpu.present": "true"})
+    assert not default.matches({"migpart.io/managed": "false"})
+    every = parse_args(["--node-selector", ""]).node_selector
+    assert every.matches({})
+    pool = parse_args(["--node-selector", "pool=a, gpu"]).node_selector
+    assert pool.matches({"pool": "a", "gpu": ""})
+    assert not pool.matches({"pool": "a"})
+
+
+@pytest.mark.parametrize("value", ["pool in (a,b)", "pool!=a", "=a", "a,,b"])
+def test_a_node_selector_it_cannot_read_is_refused(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--node-selector", value])
+    err = capsys.readouterr().err
+    assert "--node-selector" in err
+    assert "cannot read" in err
