@@ -69,7 +69,7 @@ def github_anchors(markdown: str) -> set[str]:
 
 
 def test_rules_pass_promtool_check() -> None:
-    assert "SUCCESS: 8 rules found" in run_promtool("check", "rules", str(RULES))
+    assert "SUCCESS: 9 rules found" in run_promtool("check", "rules", str(RULES))
 
 
 def test_alert_unit_tests_pass() -> None:
@@ -92,7 +92,7 @@ def test_every_alert_is_unit_tested_firing_and_quiet() -> None:
 
 def test_alerts_carry_severity_summary_description_and_a_runbook() -> None:
     anchors = github_anchors(TROUBLESHOOTING.read_text())
-    assert len(alerts()) == 8
+    assert len(alerts()) == 9
     for rule in alerts():
         labels = rule["labels"]
         annotations = rule["annotations"]
@@ -234,5 +234,5 @@ def test_exported_names_include_declared_families_without_samples() -> None:
 
 
 def test_dashboard_and_rules_are_read_whole() -> None:
-    assert len(rule_expressions()) == 8
+    assert len(rule_expressions()) == 9
     assert len(dashboard_expressions()) >= 20
