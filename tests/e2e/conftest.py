@@ -15,7 +15,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,14 +127,15 @@ class Scenario:
         self,
         gpus: str,
         sim_latency_ms: float = 0.0,
-        labels: dict[str, str] | None = None,
+        labels: Mapping[str, str | None] | None = None,
         agent_args: tuple[str, ...] = (),
     ) -> str:
         """A node of this test's pool, named `<pool>-n<k>` in the order added; `agent_args`
-        are added to its agent's flags (e.g. `--sim-faults`)."""
+        are added to its agent's flags (e.g. `--sim-faults`). It opts in to migpart unless
+        `labels` gives `migpart.io/managed` None."""
         name = f"{self.pool}-n{len(self.nodes) + 1}"
-        labels = {POOL_LABEL: self.pool, **(labels or {})}
-        self.cluster.add_gpu_node(name, gpus, labels, sim_latency_ms, extra_args=agent_args)
+        all_labels = {POOL_LABEL: self.pool, **(labels or {})}
+        self.cluster.add_gpu_node(name, gpus, all_labels, sim_latency_ms, extra_args=agent_args)
         self.nodes.append(name)
         self.cluster.wait_for(f"MigNode {name} inventory", lambda: bool(self.gpus(name)))
         return name

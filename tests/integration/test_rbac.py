@@ -65,6 +65,8 @@ AGENT_ROWS: list[Row] = [
     (AGENT, "watch", GROUP, "mignodes", "", True),
     (AGENT, "patch", GROUP, "mignodes", "status", True),
     (AGENT, "get", "resource.k8s.io", "resourceclaims", "", True),
+    # the overlap guard: NVIDIA's DRA driver slices of its node (migpart.agent.publishers)
+    (AGENT, "list", "resource.k8s.io", "resourceslices", "", True),
     # may not
     (AGENT, "get", "", "secrets", "", False),
     (AGENT, "list", "", "secrets", "", False),
