@@ -20,6 +20,9 @@ from migpart.testbed.build import cache_dir
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "manifests" / "helm" / "migpart"
 MANIFESTS = ROOT / "manifests"
+# values.yaml's image.repository is a placeholder (REGISTRY/migpart) that fails rendering until
+# it is set: the tests render the image the kustomize manifests name, migpart:<appVersion>.
+IMAGE_VALUES = ("--set", "image.repository=migpart")
 
 
 def tool(name: str) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.tools import CHART, MANIFESTS, ROOT, helm_template, kustomize_build, run
+from tests.tools import CHART, IMAGE_VALUES, MANIFESTS, ROOT, helm_template, kustomize_build, run
 
 Doc = dict[str, Any]
 KUBE_VERSION = "--kube-version=1.34.4"
@@ -33,7 +34,7 @@ HELM_ANNOTATIONS = {"helm.sh/resource-policy"}
 
 
 def render(*args: str, namespace: str = "migpart-system") -> list[Doc]:
-    return helm_template(KUBE_VERSION, *args, namespace=namespace)
+    return helm_template(KUBE_VERSION, *IMAGE_VALUES, *args, namespace=namespace)
 
 
 def _strip(metadata: Doc) -> None:
@@ -91,12 +92,15 @@ def test_chart_puts_helm_labels_on_every_object() -> None:
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
 
 
-def test_chart_version_is_the_package_version() -> None:
+def test_chart_app_version_is_the_package_version() -> None:
+    """appVersion (the default image tag) is the package's; the chart's own version is SemVer
+    and never behind it."""
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert chart["apiVersion"] == "v2"
     assert chart["appVersion"] == version
-    assert chart["version"] == version
+    assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"]), chart["version"]
+    assert tuple(map(int, chart["version"].split("."))) >= tuple(map(int, version.split(".")))
     assert chart["kubeVersion"] == ">=1.34.0-0"
 
 
@@ -120,10 +124,18 @@ def test_chart_samples_are_the_manifests_samples() -> None:
         ],
         ["--set", "metrics.podMonitor.enabled=true,metrics.services.enabled=false"],
         ["--set", "agent.driverRoot=/run/nvidia/driver,agent.runtimeClassName="],
+        [
+            "--set",
+            "networkPolicy.enabled=true,networkPolicy.podSelector.matchLabels.app=prometheus,"
+            "fullnameOverride=mig,operator.serviceAccount.create=false,operator.replicas=3,"
+            "operator.podDisruptionBudget.minAvailable=2,agent.updateStrategy.type=OnDelete,"
+            "agent.podLabels.team=gpu,agent.allowPublisherOverlap=true",
+        ],
     ],
-    ids=["defaults", "samples", "monitoring", "podmonitor", "driver-root"],
+    ids=["defaults", "samples", "monitoring", "podmonitor", "driver-root", "production"],
 )
 def test_helm_lint(values: list[str]) -> None:
+    # lint turns the chart's `fail` into a message: the image placeholder is no error here
     proc = run("helm", "lint", "--strict", str(CHART), KUBE_VERSION, *values)
     assert "0 chart(s) failed" in proc.stdout, proc.stdout
 
@@ -138,9 +150,11 @@ def test_kube_version_below_134_is_refused() -> None:
 
 
 def rejected(values: Doc, tmp_path: Path, command: str) -> str:
-    """helm's message for a values file, which it must refuse."""
+    """helm's message for a values file, which it must refuse (for no other reason than the
+    file's: the image is set unless the file sets it)."""
     path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
+    image = {"repository": "migpart", **values.get("image", {})}
+    path.write_text(yaml.safe_dump({**values, "image": image}))
     args = {
         "template": ["template", "migpart", str(CHART), KUBE_VERSION],
         # client-side: Helm's default capabilities stand in for a cluster

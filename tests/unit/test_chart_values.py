@@ -17,7 +17,7 @@ import yaml
 from migpart.commands import agent as agent_command
 from migpart.commands import operator as operator_command
 from migpart.dra import DRIVER
-from tests.tools import CHART, MANIFESTS, helm_template
+from tests.tools import CHART, IMAGE_VALUES, MANIFESTS, helm_template
 
 Doc = dict[str, Any]
 DIGEST = "sha256:" + "ab" * 32
@@ -26,13 +26,16 @@ AGENT_USER = "system:serviceaccount:{}:migpart-agent"
 
 
 def render(*args: str, namespace: str = "migpart-system") -> list[Doc]:
-    return helm_template("--kube-version=1.34.4", *args, namespace=namespace)
+    """`helm template` with the image set (values.yaml's is a placeholder) and these values."""
+    return helm_template("--kube-version=1.34.4", *IMAGE_VALUES, *args, namespace=namespace)
 
 
 def with_values(tmp_path: Path, values: Doc, namespace: str = "migpart-system") -> list[Doc]:
+    """`helm template` with a values file (its image.repository, if any, wins)."""
     path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    return render("-f", str(path), namespace=namespace)
+    image = {"repository": "migpart", **values.get("image", {})}
+    path.write_text(yaml.safe_dump({**values, "image": image}))
+    return helm_template("--kube-version=1.34.4", "-f", str(path), namespace=namespace)
 
 
 def kinds(docs: list[Doc]) -> dict[str, int]:
@@ -107,7 +110,7 @@ def test_image_digest_replaces_the_tag(tmp_path: Path) -> None:
 
 
 # Helm merges a map of a values file into the default one: a key set to null removes a default
-# (the agent's nvidia.com/gpu.present selector, the cpu limit).
+# (the agent's migpart.io/managed selector, the cpu limit).
 COMPONENT = {
     "logLevel": "DEBUG",
     "resources": {
@@ -135,7 +138,7 @@ def test_component_values(
 ) -> None:
     values = {component: {**COMPONENT, "extraArgs": [extra_arg], "metricsPort": 9400}}
     if component == "agent":
-        values[component]["nodeSelector"] = {"pool": "system", "nvidia.com/gpu.present": None}
+        values[component]["nodeSelector"] = {"pool": "system", "migpart.io/managed": None}
     docs = with_values(tmp_path, values)
     spec = pod_spec(docs, kind)
     assert spec["nodeSelector"] == {"pool": "system"}
@@ -157,9 +160,17 @@ def test_component_values(
     assert main["ports"] == [{"name": "http-metrics", "containerPort": 9400, "protocol": "TCP"}]
     service = one(docs, "Service", f"migpart-{component}-metrics")
     assert service["spec"]["ports"][0]["port"] == 9400
-    # the other component keeps its defaults
+    # the other component keeps its defaults, but for the operator's --node-selector, which
+    # follows the agent's nodeSelector
     other = "DaemonSet" if kind == "Deployment" else "Deployment"
-    assert pod_spec(docs, other) == pod_spec(render(), other)
+    default = render()
+    if other == "Deployment":
+        assert args(docs, other).node_selector.match_labels == {"pool": "system"}
+        assert args(default, other).node_selector.match_labels == {"migpart.io/managed": "true"}
+        for spec in (pod_spec(docs, other), pod_spec(default, other)):
+            argv = spec["containers"][0]["args"]
+            argv[:] = [a for a in argv if not a.startswith("--node-selector=")]
+    assert pod_spec(docs, other) == pod_spec(default, other)
 
 
 def test_operator_log_json_off(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import yaml
 
 from migpart.api.leases import LEASE_NAMESPACE
 from migpart.api.models import GROUP, VERSION
+from migpart.api.selectors import MANAGED_LABEL, LabelSelector
 from migpart.commands import agent as agent_command
 from migpart.commands import operator as operator_command
 from migpart.dra import DRIVER
@@ -43,6 +44,7 @@ KNOWN_KINDS = {
     ("v1", "Pod"),
     ("apps/v1", "Deployment"),
     ("apps/v1", "DaemonSet"),
+    ("policy/v1", "PodDisruptionBudget"),
     ("rbac.authorization.k8s.io/v1", "ClusterRole"),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
     ("rbac.authorization.k8s.io/v1", "Role"),
@@ -69,6 +71,7 @@ INSTALLED_KINDS = {
     "RoleBinding": 3,
     "Deployment": 1,
     "DaemonSet": 1,
+    "PodDisruptionBudget": 1,  # the operator's
     "Service": 2,  # the operator's and the agents' metrics
     "ValidatingAdmissionPolicy": 1,
     "ValidatingAdmissionPolicyBinding": 1,
@@ -128,6 +131,8 @@ AGENT_NEEDS = {
     (GROUP, "mignodes", "watch"),
     (GROUP, "mignodes/status", "patch"),  # KubeMigNodes.write_status
     ("resource.k8s.io", "resourceclaims", "get"),  # KubeClaims.allocation
+    # agent/publishers.py KubePublishers.overlap: NVIDIA's DRA driver's slices of the node
+    ("resource.k8s.io", "resourceslices", "list"),
     ("coordination.k8s.io", "leases", "get"),  # NodeLease.renew
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),
@@ -377,17 +382,38 @@ def test_operator_runs_two_elected_replicas_as_non_root() -> None:
     assert container["resources"]["limits"]
 
 
-def test_agent_runs_on_gpu_nodes_with_its_node_name() -> None:
+def test_agent_runs_on_opted_in_nodes_with_its_node_name() -> None:
     daemonset = workload("DaemonSet")
     spec = pod_spec(daemonset)
     assert spec["serviceAccountName"] == AGENT_SA
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert spec["nodeSelector"] == {MANAGED_LABEL: "true"}
     (container,) = spec["containers"]
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert container["securityContext"]["privileged"] is True  # NVML creates MIG instances
     assert container["resources"]["requests"]
     assert container["resources"]["limits"]
+
+
+def test_operator_publishes_on_the_nodes_the_agents_run_on() -> None:
+    """--node-selector is the agent's nodeSelector: no agent without devices, or the reverse."""
+    (container,) = pod_spec(workload("Deployment"))["containers"]
+    selector: LabelSelector = parse("operator", migpart_command(container)[1]).node_selector
+    assert selector == LabelSelector(match_labels=pod_spec(workload("DaemonSet"))["nodeSelector"])
+
+
+def test_operator_replicas_spread_and_survive_drains() -> None:
+    deployment = workload("Deployment")
+    spec = pod_spec(deployment)
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    (term,) = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    selector = deployment["spec"]["selector"]
+    assert term["podAffinityTerm"]["labelSelector"] == selector
+    (budget,) = of_kind("PodDisruptionBudget")
+    assert budget["spec"]["selector"] == selector
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["metadata"]["namespace"] == NAMESPACE
 
 
 @pytest.mark.parametrize(
