@@ -86,65 +86,74 @@ def test_a_node_that_did_not_opt_in_gets_no_slice_until_labelled(scenario: Scena
     assert unavailable(scenario, policy) == []
 
 
+def plugin_resources(scenario: Scenario, node: str, quantity: str) -> None:
+    """What NVIDIA's device plugin makes kubelet report: its MIG resources on the Node (0 once
+    the plugin is gone)."""
+    resources = {"nvidia.com/mig-1g.10gb": quantity}
+    patch = json.dumps({"status": {"capacity": resources, "allocatable": resources}})
+    scenario.tb.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def reason(scenario: Scenario, node: str) -> str | None:
+    return (overlap(scenario, node) or {}).get("reason")
+
+
+def pending(scenario: Scenario, pod: str) -> bool:
+    return not scenario.get("pod", pod, "-n", scenario.namespace)["spec"].get("nodeName")
+
+
 def test_another_publisher_holds_the_node_until_it_is_gone_or_overridden(
     scenario: Scenario,
 ) -> None:
-    name = f"{scenario.pool}-n1"  # the name add_node gives: NVIDIA's slice is there first
-    scenario.tb.kubectl("apply", "-f", "-", input=json.dumps(nvidia_slice(name)))
+    node = scenario.add_node(f"{H100}:1", agent_args=FAST_CHECKS)
+    policy = scenario.policy()
+
+    # NVIDIA's device plugin offers the node's MIG devices: held
+    plugin_resources(scenario, node, "7")
+    scenario.eventually(
+        "PublisherOverlap (DevicePlugin)", lambda: reason(scenario, node) == "DevicePlugin"
+    )
+    condition = overlap(scenario, node) or {}
+    assert condition["status"] == "True"
+    assert "nvidia.com/mig-1g.10gb: 7" in condition["message"]
+    scenario.eventually("a Warning Event", lambda: bool(overlap_events(scenario, node)))
+    assert "nvidia.com/mig-1g.10gb: 7" in overlap_events(scenario, node)[0]
+    scenario.eventually(
+        "the policy lists the node as PublisherOverlap",
+        lambda: unavailable(scenario, policy) == [{"name": node, "reason": "PublisherOverlap"}],
+    )
+    scenario.pod("first", PROFILE)
+    wait_s(3)  # a binding or a created instance would show by now
+    assert pending(scenario, "first")
+    assert not our_devices(scenario, node)
+    assert scenario.gpus(node)[0]["instances"] == []
+
+    # the device plugin left the node (kubelet keeps its resource at 0): managed again
+    plugin_resources(scenario, node, "0")
+    scenario.wait_served("first")
+    assert reason(scenario, node) == "NoOtherPublisher"
+
+    # NVIDIA's DRA driver publishes the node's GPU: held again, what runs keeps its device
+    scenario.tb.kubectl("apply", "-f", "-", input=json.dumps(nvidia_slice(node)))
     try:
-        node = scenario.add_node(f"{H100}:1", agent_args=FAST_CHECKS)
-        assert node == name
-        policy = scenario.policy()
-        scenario.pod("first", PROFILE)
         scenario.eventually(
-            "PublisherOverlap=True (DraDriver)",
-            lambda: (overlap(scenario, node) or {}).get("reason") == "DraDriver",
+            "PublisherOverlap (DraDriver)", lambda: reason(scenario, node) == "DraDriver"
         )
-        condition = overlap(scenario, node)
-        assert condition is not None
-        assert condition["status"] == "True"
-        assert f"{name}-gpu.nvidia.com-test" in condition["message"]
-        scenario.eventually("a Warning Event", lambda: bool(overlap_events(scenario, node)))
-        assert "gpu.nvidia.com" in overlap_events(scenario, node)[0]
-        scenario.eventually(
-            "the policy lists the node as PublisherOverlap",
-            lambda: unavailable(scenario, policy) == [{"name": node, "reason": "PublisherOverlap"}],
-        )
-        wait_s(3)  # a binding or a created instance would show by now
-        assert not our_devices(scenario, node)
-        assert scenario.gpus(node)[0]["instances"] == []
+        assert f"{node}-gpu.nvidia.com-test" in (overlap(scenario, node) or {})["message"]
+        scenario.eventually("no device published", lambda: not our_devices(scenario, node))
+        assert scenario.phase("first") == "Running"
+        instances = [(i["profile"], i["state"]) for i in scenario.gpus(node)[0]["instances"]]
+        assert ("3g.40gb", "Prepared") in instances
+        scenario.pod("second", PROFILE)
+        wait_s(3)
+        assert pending(scenario, "second")
+
+        # the user knows better: the agent again, with the override
+        scenario.cluster.stop_agent(node)
+        scenario.cluster.nodes[node].agent_args.append("--allow-publisher-overlap")
+        scenario.cluster.start_agent(node)
+        scenario.eventually("Overridden", lambda: reason(scenario, node) == "Overridden")
+        assert (overlap(scenario, node) or {})["status"] == "False"
+        scenario.wait_served("second")
     finally:
-        scenario.tb.kubectl("delete", "resourceslice", f"{name}-gpu.nvidia.com-test")
-    scenario.wait_served("first")  # NVIDIA's driver left the node: managed at the next check
-
-    # NVIDIA's device plugin comes (back) to the node: its MIG resources in the allocatable
-    resources = {"nvidia.com/mig-1g.10gb": "7"}
-    patch = {"status": {"capacity": resources, "allocatable": resources}}
-    scenario.tb.kubectl(
-        "patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(patch)
-    )
-    scenario.eventually(
-        "PublisherOverlap=True (DevicePlugin)",
-        lambda: (overlap(scenario, node) or {}).get("reason") == "DevicePlugin",
-    )
-    assert "nvidia.com/mig-1g.10gb: 7" in (overlap(scenario, node) or {})["message"]
-    scenario.eventually("no device published", lambda: not our_devices(scenario, node))
-    assert scenario.phase("first") == "Running"  # what runs keeps its device
-    assert ("3g.40gb", "Prepared") in [
-        (i["profile"], i["state"]) for i in scenario.gpus(node)[0]["instances"]
-    ]
-    scenario.pod("second", PROFILE)
-    wait_s(3)
-    assert not scenario.get("pod", "second", "-n", scenario.namespace)["spec"].get("nodeName")
-
-    # the user knows better: the agent again, with the override
-    agent = scenario.cluster.nodes[node]
-    scenario.cluster.stop_agent(node)
-    agent.agent_args.append("--allow-publisher-overlap")
-    scenario.cluster.start_agent(node)
-    scenario.eventually(
-        "PublisherOverlap=False (Overridden)",
-        lambda: (overlap(scenario, node) or {}).get("reason") == "Overridden",
-    )
-    assert (overlap(scenario, node) or {})["status"] == "False"
-    scenario.wait_served("second")
+        scenario.tb.kubectl("delete", "resourceslice", f"{node}-gpu.nvidia.com-test", check=False)
