@@ -78,7 +78,7 @@ repository is a placeholder: rendering fails until it names the registry the ima
 */}}
 {{- define "migpart.image" -}}
 {{- if eq .Values.image.repository "REGISTRY/migpart" }}
-{{- fail "image.repository is left at its placeholder REGISTRY/migpart: push the image to your registry (docs/deploy.md#1-build-and-push-the-image) and set image.repository" }}
+{{- fail "image.repository is left at its placeholder REGISTRY/migpart: push the image to your registry (docs/install.md) and set image.repository" }}
 {{- end }}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
