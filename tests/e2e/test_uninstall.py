@@ -28,7 +28,7 @@ from tests.e2e.conftest import H100, InvariantMonitor, Scenario, wait_s
 from tests.e2e.test_e2e import by_profile, instances
 from tests.e2e.test_kubelet import mig_slice
 from tests.testbeds import running_testbed
-from tests.tools import CHART, run
+from tests.tools import CHART, IMAGE_VALUES, run
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +51,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
 
 def release_objects() -> list[dict[str, Any]]:
     """The objects `helm install` creates with default values."""
-    args = ["template", "migpart", str(CHART), "--namespace", NAMESPACE]
+    args = ["template", "migpart", str(CHART), "--namespace", NAMESPACE, *IMAGE_VALUES]
     out = run("helm", *args, f"--kube-version={kube_version()}").stdout
     return [d for d in yaml.safe_load_all(out) if d]
 

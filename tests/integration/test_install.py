@@ -41,7 +41,7 @@ from tests.integration.test_admission import (
     forbidden,
 )
 from tests.testbeds import running_testbed
-from tests.tools import CHART, MANIFESTS, ROOT, run
+from tests.tools import CHART, IMAGE_VALUES, MANIFESTS, ROOT, run
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def helm(bed: Testbed, *args: str, check: bool = True) -> str:
 
 
 def rendered(namespace: str, *values: str) -> str:
-    args = ["template", "migpart", str(CHART), "--namespace", namespace]
+    args = ["template", "migpart", str(CHART), "--namespace", namespace, *IMAGE_VALUES]
     return run("helm", *args, f"--kube-version={kube_version()}", *values).stdout
 
 
@@ -169,10 +169,15 @@ def test_helm_install_dry_run_refuses_bad_values_naming_them(bed: Testbed, tmp_p
         path = tmp_path / "values.yaml"
         path.write_text(yaml.safe_dump(values))
         args = ["install", "migpart", str(CHART), "-n", "migpart-system", "--dry-run=server"]
-        message = helm(bed, *args, "-f", str(path), check=False)
+        message = helm(bed, *args, *IMAGE_VALUES, "-f", str(path), check=False)
         assert named in message, message
         assert "STATUS: pending-install" not in message
-    out = helm(bed, "install", "migpart", str(CHART), "-n", "migpart-system", "--dry-run=server")
+    args = ["install", "migpart", str(CHART), "-n", "migpart-system", "--dry-run=server"]
+    # the image left at its placeholder: refused at render time, naming the value to set
+    message = helm(bed, *args, check=False)
+    assert "image.repository" in message, message
+    assert "STATUS: pending-install" not in message
+    out = helm(bed, *args, *IMAGE_VALUES)
     assert "kind: DaemonSet" in out
 
 
@@ -280,7 +285,7 @@ def test_kustomize_overlay_in_another_namespace_keeps_agents_confined(
 
 def test_chart_in_another_namespace_keeps_agents_confined(bed: Testbed) -> None:
     create_namespace(bed, "gpu-platform")
-    helm(bed, "install", "migpart", str(CHART), "-n", "gpu-platform")
+    helm(bed, "install", "migpart", str(CHART), "-n", "gpu-platform", *IMAGE_VALUES)
     try:
         assert_agents_confined(bed, "gpu-platform")
     finally:
