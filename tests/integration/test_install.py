@@ -106,7 +106,10 @@ VALUE_SETS = {
             "metrics.prometheusRule.enabled=true,metrics.dashboard.enabled=true,"
             f"image.digest={DIGEST},image.pullSecrets={{regcred}},"
             "agent.driverRoot=/run/nvidia/driver,agent.runtimeClassName=,"
-            "agent.kubeletRootDir=/var/lib/k0s/kubelet,operator.priorityClassName=system-cluster-critical",
+            "agent.kubeletRootDir=/var/lib/k0s/kubelet,operator.priorityClassName=system-cluster-critical,"
+            "networkPolicy.enabled=true,networkPolicy.podSelector.matchLabels.app=prometheus,"
+            "agent.updateStrategy.rollingUpdate.maxUnavailable=10%,fullnameOverride=gpu-migpart,"
+            "agent.allowPublisherOverlap=true",
         ],
     ),
     "podmonitor-no-crds": (
@@ -141,6 +144,7 @@ def test_server_side_dry_run_of_the_rendered_chart(bed: Testbed, name: str) -> N
     kinds = {d["kind"] for d in expected}
     if name == "everything-on":
         assert {"ServiceMonitor", "PrometheusRule", "ConfigMap", "Namespace"} <= kinds
+        assert {"NetworkPolicy", "PodDisruptionBudget"} <= kinds
     if name == "podmonitor-no-crds":
         assert "PodMonitor" in kinds
         assert "CustomResourceDefinition" not in kinds
