@@ -2,7 +2,8 @@
 
 kubelet's NodePrepareResources carries only a claim's namespace, name and UID; the devices the
 scheduler picked are in the ResourceClaim's `status.allocation`. `ClaimSource` hides where that
-comes from: the API server (`KubeClaims`) in a cluster, a dict (`InMemoryClaims`) in unit tests.
+comes from: the API server (`KubeClaims`) in a cluster, a dict in unit tests
+(`migpart.testing.claims.InMemoryClaims`).
 """
 
 from __future__ import annotations
@@ -36,42 +37,6 @@ def devices_of(claim: dict[str, Any], uid: str) -> list[AllocatedDevice]:
     if not (claim.get("status") or {}).get("allocation"):
         raise ClaimNotFound(f"claim {meta.get('namespace')}/{meta.get('name')} is not allocated")
     return list(allocation_results(claim))
-
-
-class InMemoryClaims:
-    """`ClaimSource` over ResourceClaim bodies held in memory (tests)."""
-
-    def __init__(self) -> None:
-        self._claims: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def put(self, namespace: str, name: str, uid: str, results: list[AllocatedDevice]) -> None:
-        self._claims[(namespace, name)] = {
-            "metadata": {"namespace": namespace, "name": name, "uid": uid},
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [
-                            {
-                                "request": r.request,
-                                "driver": r.driver,
-                                "pool": r.pool,
-                                "device": r.device,
-                            }
-                            for r in results
-                        ]
-                    }
-                }
-            },
-        }
-
-    def delete(self, namespace: str, name: str) -> None:
-        self._claims.pop((namespace, name), None)
-
-    async def allocation(self, namespace: str, name: str, uid: str) -> list[AllocatedDevice]:
-        claim = self._claims.get((namespace, name))
-        if claim is None:
-            raise ClaimNotFound(f"claim {namespace}/{name} not found")
-        return devices_of(claim, uid)
 
 
 class KubeClaims:

@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
-from migpart.agent.kube import InMemoryMigNodes, leader_term_of, status_patch
+from migpart.agent.kube import leader_term_of, status_patch
 from migpart.agent.metrics import AgentMetrics
 from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec, MigNodeStatus
+from migpart.testing.mignodes import InMemoryMigNodes
 
 if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint

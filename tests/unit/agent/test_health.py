@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from structlog.testing import capture_logs
 
-from migpart.agent.kube import MIGNODE_RESOURCE, InMemoryMigNodes
+from migpart.agent.kube import MIGNODE_RESOURCE
 from migpart.agent.lease import micro_time
 from migpart.agent.metrics import AgentMetrics
 from migpart.agent.plugin import RegistrationServicer
@@ -18,6 +18,7 @@ from migpart.api.leases import lease_name, lease_node
 from migpart.api.models import GROUP, VERSION, MigNodeSpec
 from migpart.commands.agent import config_from, parser
 from migpart.errors import ResourceNotServed
+from migpart.testing.mignodes import InMemoryMigNodes
 
 if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint

@@ -13,8 +13,6 @@ import pynvml
 import pytest
 
 from migpart.agent.cdi import CdiWriter
-from migpart.agent.claims import InMemoryClaims
-from migpart.agent.kube import InMemoryMigNodes
 from migpart.agent.metrics import AgentMetrics
 from migpart.agent.plugin import ClaimRef, DraDriver, PrepareError
 from migpart.agent.reconciler import reconcile_once
@@ -22,6 +20,8 @@ from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import FailedInstance, GpuSpec, MigInstanceSpec, MigNodeSpec
 from migpart.dra import DRIVER, AllocatedDevice
+from migpart.testing.claims import InMemoryClaims
+from migpart.testing.mignodes import InMemoryMigNodes
 from tests.unit.agent.test_reconciler import layout, prepare
 
 if TYPE_CHECKING:

@@ -15,7 +15,6 @@ import pytest
 
 from migpart.agent.cdi import CdiWriter, cap_minor
 from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from migpart.agent.claims import InMemoryClaims
 from migpart.agent.plugin import ClaimRef, DraDriver, KubeletPlugin, PrepareError
 from migpart.agent.proto import (
     dra_v1_pb2,
@@ -29,6 +28,7 @@ from migpart.agent.reconciler import reconcile_once
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GpuSpec, MigNodeSpec
 from migpart.dra import DRIVER, AllocatedDevice
+from migpart.testing.claims import InMemoryClaims
 from tests.unit.agent.conftest import H100
 
 if TYPE_CHECKING:

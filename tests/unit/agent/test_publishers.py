@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.agent.kube import InMemoryMigNodes
 from migpart.agent.metrics import AgentMetrics
 from migpart.agent.publishers import Overlap, device_plugin_resources, overlap_of
 from migpart.agent.runner import Agent
@@ -21,6 +20,7 @@ from migpart.api.models import (
     MigNodeStatus,
 )
 from migpart.commands.agent import config_from, parser
+from migpart.testing.mignodes import InMemoryMigNodes
 
 if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint

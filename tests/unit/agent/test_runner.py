@@ -10,13 +10,14 @@ import aiohttp
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.agent.kube import InMemoryMigNodes, status_patch
+from migpart.agent.kube import status_patch
 from migpart.agent.metrics import AgentMetrics, HealthServer
 from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec, MigNodeStatus
 from migpart.commands.agent import config_from, parser
 from migpart.dra import DRIVER
+from migpart.testing.mignodes import InMemoryMigNodes
 from tests.unit.agent.conftest import H100, H200
 
 if TYPE_CHECKING:

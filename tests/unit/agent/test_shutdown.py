@@ -15,12 +15,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from migpart.agent.app import bounded, stop_tasks
-from migpart.agent.kube import InMemoryMigNodes
 from migpart.agent.metrics import AgentMetrics
 from migpart.agent.runner import Agent
 from migpart.aio import wait_until_set
 from migpart.commands.agent import main as agent_main
 from migpart.commands.stopping import EXIT_STUCK
+from migpart.testing.mignodes import InMemoryMigNodes
 
 if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint

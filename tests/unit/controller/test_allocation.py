@@ -9,12 +9,12 @@ import pytest
 
 from migpart.api.models import AllocationMode
 from migpart.controller.allocation import DRY_RUN, NOT_PUBLISHING, fell_back, resolve_allocation
-from migpart.controller.effects import InMemoryEffects
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
 from migpart.dra import DRIVER
 from migpart.kube.features import DraFeatures
 from migpart.kube.placement import NodeFacts
+from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import DEVICE_CLASS, mignode, offline_state, policy
 from tests.unit.kube.factories import gpu
 

@@ -12,13 +12,14 @@ import pytest
 from migpart.api.models import MigNode
 from migpart.controller import handlers
 from migpart.controller.decisions import refused_spec_repair
-from migpart.controller.effects import InMemoryEffects, Refused
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.state import OperatorState
 from migpart.errors import NotLeader
-from migpart.kube.election import InMemoryLeaseStore, LeaderElector, Unelected
+from migpart.kube.election import LeaderElector, Unelected
 from migpart.kube.slice_publisher import SlicePublisher
 from migpart.mig import Instance
+from migpart.testing.effects import InMemoryEffects, Refused
+from migpart.testing.leases import InMemoryLeaseStore
 from tests.unit.controller.factories import claim, offline_state
 from tests.unit.controller.test_round import one_gpu, world
 

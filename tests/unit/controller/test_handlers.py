@@ -9,8 +9,8 @@ import kopf
 import pytest
 
 from migpart.controller import handlers
-from migpart.controller.effects import InMemoryEffects
 from migpart.controller.workers import Signals
+from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import policy
 from tests.unit.controller.test_round import clock_of, operator
 

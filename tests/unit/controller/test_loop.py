@@ -10,11 +10,11 @@ import pytest
 
 from migpart.clock import ManualClock
 from migpart.controller import loop
-from migpart.controller.effects import InMemoryEffects
 from migpart.controller.reconcile import PACE_FACTOR, PolicyRound
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.controller.workers import Signals
+from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import claim
 from tests.unit.controller.test_round import clock_of, one_gpu, operator, world
 

@@ -10,13 +10,13 @@ from typing import Any, cast
 from migpart.api.models import Condition, KubeletPluginStatus, MigNode
 from migpart.api.selectors import DEFAULT_NODE_SELECTOR, MANAGED_LABEL, parse_node_selector
 from migpart.clock import ManualClock
-from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
 from migpart.dra import DRIVER
 from migpart.kube.leases import stale_conditions
 from migpart.kube.placement import NodeFacts
+from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import (
     DEVICE_CLASS,
     claim,

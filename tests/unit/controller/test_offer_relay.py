@@ -18,7 +18,6 @@ from migpart.api.models import (
     MigNodeStatus,
 )
 from migpart.clock import ManualClock
-from migpart.controller.effects import InMemoryEffects, Refused
 from migpart.controller.indexes import object_entry
 from migpart.controller.offer_relay import FAILED_BACKOFF_S, OfferRelay
 from migpart.controller.relay import BACKING_OFF
@@ -27,6 +26,7 @@ from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY, DeviceId, as_is
 from migpart.kube.election import Term, Unelected
 from migpart.kube.watch import Index
 from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, profile_is
+from migpart.testing.effects import InMemoryEffects, Refused
 from tests.unit.controller.factories import offline_state
 from tests.unit.controller.test_round import run, world
 from tests.unit.kube.factories import gpu

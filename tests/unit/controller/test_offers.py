@@ -23,7 +23,6 @@ from migpart.api.models import (
 )
 from migpart.clock import ManualClock
 from migpart.controller import handlers
-from migpart.controller.effects import InMemoryEffects
 from migpart.controller.handlers import _wire_offers
 from migpart.controller.indexes import waiting_entry
 from migpart.controller.mignodes import MigNodeWatch
@@ -34,7 +33,7 @@ from migpart.controller.relay import placements, relay
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY
-from migpart.kube.election import InMemoryLeaseStore, LeaderElector
+from migpart.kube.election import LeaderElector
 from migpart.kube.features import DraFeatures
 from migpart.kube.placement import NodeFacts
 from migpart.kube.slice_publisher import STEERING_DELAY_S, Published, SlicePublisher
@@ -44,6 +43,8 @@ from migpart.planning.model import PolicyView
 from migpart.planning.offer import DEFAULT_DEPTH
 from migpart.slice_content import DeviceCache, SliceContent, node_slices
 from migpart.testing.builders import H100, ClaimBuilder, PodBuilder, profile_is
+from migpart.testing.effects import InMemoryEffects
+from migpart.testing.leases import InMemoryLeaseStore
 from tests.unit.controller.factories import (
     DEVICE_CLASS,
     claim,

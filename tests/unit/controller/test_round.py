@@ -8,7 +8,6 @@ import pytest
 
 from migpart.api.models import MigNode
 from migpart.clock import ManualClock
-from migpart.controller.effects import InMemoryEffects
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
@@ -17,6 +16,7 @@ from migpart.dra import DRIVER
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import reconfiguring
 from migpart.planning.model import Plan
+from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import (
     DEVICE_CLASS,
     claim,

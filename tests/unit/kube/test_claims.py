@@ -9,7 +9,6 @@ import yaml
 
 from migpart.api.models import GROUP, VERSION, MigInstanceStatus, MigNode, MigNodeStatus
 from migpart.clock import ManualClock
-from migpart.controller.effects import InMemoryEffects
 from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster, ScopeCache
@@ -24,6 +23,7 @@ from migpart.kube.claims import (
 )
 from migpart.kube.placement import NodeFacts
 from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, profile_is
+from migpart.testing.effects import InMemoryEffects
 from tests.unit.kube.factories import gpu
 
 ROOT = Path(__file__).resolve().parents[3]

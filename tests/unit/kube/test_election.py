@@ -16,13 +16,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from migpart.kube.election import (
     Conflict,
     ElectionThread,
-    InMemoryLeaseStore,
     LeaderElector,
     LeaseRecord,
     LeaseStore,
     StoreOpener,
     Term,
 )
+from migpart.testing.leases import InMemoryLeaseStore
 
 
 @dataclass
