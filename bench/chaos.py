@@ -65,12 +65,12 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client, config
 
-from chaos_counters import FAULTS, LABELS, MODEL, POLICY, SELF_CHECKS  # bench/, next to this script
-from chaos_faults import (
+from bench.chaos_counters import FAULTS, LABELS, MODEL, POLICY, SELF_CHECKS
+from bench.chaos_faults import (
     MainOperator,
     Proxy,
-)  # bench/, next to this script
-from chaos_harness import Chaos  # bench/, next to this script
+)
+from bench.chaos_harness import Chaos
 from migpart.demo.cluster import REPO, LocalCluster
 from migpart.demo.replay import NAMESPACE, claim_template
 from migpart.demo.run import agents_ready
@@ -80,7 +80,7 @@ from migpart.testbed import Testbed
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench/chaos.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=300.0, help="seconds of pod stream")
     p.add_argument("--drain", type=float, default=150.0, help="seconds to let pods finish")
     p.add_argument("--seed", type=int, default=1)

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos_faults import (
+from bench.chaos_faults import (
     ELECTION_FAULTS,
-)  # bench/, next to this script
+)
 from migpart.api.models import GROUP, MigNodeSpec
 from migpart.demo.trace import TracePod
 from migpart.dra import DeviceId

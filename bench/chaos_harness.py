@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 
-from chaos_counters import (  # bench/, next to this script
+from bench.chaos_counters import (
     FAULT_TARGETS,
     LABELS,
     LEAK_S,
@@ -28,12 +28,13 @@ from chaos_counters import (  # bench/, next to this script
     split_device,
     status_devices,
 )
-from chaos_faults import (
+from bench.chaos_faults import (
     ELECTION_FAULTS,
     ElectionFaults,
     MainOperator,
     Proxy,
-)  # bench/, next to this script
+)
+from bench.stand_in_kubelet import SimKubelet
 from migpart.agent.simulator import LOST_FILE
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
@@ -41,7 +42,6 @@ from migpart.demo.replay import NAMESPACE, pod_body, template_name
 from migpart.demo.trace import TracePod
 from migpart.dra import DRIVER
 from migpart.testing.invariants import DestroyedWhileAllocated, Device
-from stand_in_kubelet import SimKubelet
 
 
 class Chaos:

@@ -64,7 +64,7 @@ the claim (the instance is Free again), so each sample starts from a quiet node.
 read by polling every 50 ms, each state stamped when the read that shows it returns; a phase
 seen in the same poll as a later one counts as done when that one was.
 
-Usage: `python bench/e2e_latency.py [--pods 50] [--latency-ms 500]
+Usage: `python -m bench.e2e_latency [--pods 50] [--latency-ms 500]
 [--modes reactive,offer-new,offer-existing]`.
 """
 

@@ -1,6 +1,6 @@
 """Planner benchmark: migpart vs the exact optimum vs first-fit, and plan time at scale.
 
-Run: `.venv/bin/python bench/planner.py` (full) or `--quick` (smoke run). It prints, side by side
+Run: `.venv/bin/python -m bench.planner` (full) or `--quick` (smoke run). It prints, side by side
 in one run:
 
 - quality: requests satisfied by migpart, by the exact optimum (OR-Tools CP-SAT, lexicographic:
@@ -40,6 +40,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bench.planner_cases import (
+    BIG_MODELS,
+    first_fit,
+    optimum,
+    profiles_for,
+    random_instance,
+    trace_instance,
+    trace_pods,
+    trace_profiles,
+)
 from migpart.mig import CATALOG
 from migpart.planning.greedy import Greedy
 from migpart.planning.model import (
@@ -52,16 +62,6 @@ from migpart.planning.model import (
     Snapshot,
 )
 from migpart.planning.planner import collector_paused, plan
-from planner_cases import (  # bench/, next to this script
-    BIG_MODELS,
-    first_fit,
-    optimum,
-    profiles_for,
-    random_instance,
-    trace_instance,
-    trace_pods,
-    trace_profiles,
-)
 
 # --- runs -------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ on a zone label), and one DeviceClass. For each size it times, per policy:
 - a round after 1 % of the claims changed,
 - the planner on the round's scope.
 
-Run: `.venv/bin/python bench/round.py [--sizes 100,300,1000]`. The end-to-end figures, with
+Run: `.venv/bin/python -m bench.round [--sizes 100,300,1000]`. The end-to-end figures, with
 the real API server, scheduler and agents, are bench/scale.py's.
 """
 

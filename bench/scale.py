@@ -49,7 +49,7 @@ went Unschedulable, by request kind, and the target: at 1,000 nodes with kube-sc
 default API QPS, every pod bound within 1.1 x the baseline's time.
 
 One line per size, then the growth between sizes and the targets (met or NOT met; a
-benchmark prints, it does not assert). Usage: `python bench/scale.py [--sizes 100,300,1000]
+benchmark prints, it does not assert). Usage: `python -m bench.scale [--sizes 100,300,1000]
 [--latency-ms 0] [--pods-per-node 2] [--timeout-s 180] [--allocation reactive|offer]`;
 `make bench-scale` runs 100, 300 and 1,000 nodes.
 """
@@ -62,18 +62,17 @@ import sys
 from signal import SIGINT, SIGTERM
 from typing import Any
 
-import scale_offer  # bench/, next to this script
-import scale_pairs  # bench/, next to this script
-from migpart.testbed import build
-from scale_cluster import (  # bench/, next to this script
+from bench import scale_offer, scale_pairs
+from bench.scale_cluster import (
     AGENTS_NICE,
     GPUS_PER_NODE,
     H100,
     SCHEDULER_QPS,
     SEED,
 )
-from scale_report import growth, report, targets  # bench/, next to this script
-from scale_run import run_size  # bench/, next to this script
+from bench.scale_report import growth, report, targets
+from bench.scale_run import run_size
+from migpart.testbed import build
 
 # ---------------------------------------------------------------- main
 

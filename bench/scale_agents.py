@@ -7,7 +7,7 @@ asyncio loop and one ApiClient, whose connection limit is raised so that every n
 gets a connection. It exits on SIGTERM/SIGINT, which the kernel also sends when its parent
 dies, so a killed benchmark leaves no agents behind.
 
-Usage (bench/scale.py starts it): `python bench/scale_agents.py --kubeconfig K --nodes-file F
+Usage (bench/scale.py starts it): `python -m bench.scale_agents --kubeconfig K --nodes-file F
 --state-dir D [--latency-ms 0]`, with one node name per line in F.
 """
 

@@ -192,11 +192,12 @@ class Children:
     logs: Path
     procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
 
-    def spawn(self, name: str, argv: list[str]) -> int:
+    def spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> int:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = (self.logs / f"{name}.log").open("ab")
         proc = subprocess.Popen(
             argv,
+            cwd=cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

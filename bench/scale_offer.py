@@ -32,10 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
-from migpart.dra import DRIVER
-from migpart.testbed.build import kube_version
-from scale_cluster import (  # bench/, next to this script
+from bench.scale_cluster import (
     MERGE_PATCH,
     POOLS,
     Tracker,
@@ -43,10 +40,13 @@ from scale_cluster import (  # bench/, next to this script
     policy_name,
     raw,
 )
+from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
+from migpart.dra import DRIVER
+from migpart.testbed.build import kube_version
 
 if TYPE_CHECKING:
-    from scale_report import Burst, Result
-    from scale_run import Size
+    from bench.scale_report import Burst, Result
+    from bench.scale_run import Size
 
 TARGET_RATIO = 1.1  # every pod bound within this multiple of the baseline's time
 TARGET_NODES = 1000

@@ -28,8 +28,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION
-from scale_cluster import (  # bench/, next to this script
+from bench.scale_cluster import (
     CREATE_CONCURRENCY,
     MIGNODES,
     OPERATOR_USER,
@@ -41,7 +40,8 @@ from scale_cluster import (  # bench/, next to this script
     node_names,
     raw,
 )
-from scale_run import Size  # bench/, next to this script
+from bench.scale_run import Size
+from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION
 
 SLICES = (RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")
 

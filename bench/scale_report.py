@@ -8,8 +8,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from migpart.api.leases import LEASE_DURATION_S
-from scale_cluster import (  # bench/, next to this script
+from bench.scale_cluster import (
     GPUS_PER_NODE,
     OPERATOR_USER,
     TARGET_BOUND_S,
@@ -19,6 +18,7 @@ from scale_cluster import (  # bench/, next to this script
     TARGET_RSS_MIB,
     Tracker,
 )
+from migpart.api.leases import LEASE_DURATION_S
 
 
 @dataclass

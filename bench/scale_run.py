@@ -32,12 +32,8 @@ from kubernetes_asyncio.client import (
     ResourceV1Api,
 )
 
-import scale_offer  # bench/, next to this script
-from migpart.api.leases import LEASE_NAMESPACE
-from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
-from migpart.demo.cluster import LocalCluster
-from migpart.testbed import Testbed
-from scale_cluster import (  # bench/, next to this script
+from bench import scale_offer
+from bench.scale_cluster import (
     AGENTS_NICE,
     AUDIT_POLICY,
     BENCH,
@@ -70,7 +66,11 @@ from scale_cluster import (  # bench/, next to this script
     scheduler_attempts,
     workload,
 )
-from scale_report import Burst, Result  # bench/, next to this script
+from bench.scale_report import Burst, Result
+from migpart.api.leases import LEASE_NAMESPACE
+from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
+from migpart.demo.cluster import LocalCluster
+from migpart.testbed import Testbed
 
 # ---------------------------------------------------------------- one size
 
@@ -279,7 +279,8 @@ class Size:
             "agents",
             [
                 sys.executable,
-                str(BENCH / "scale_agents.py"),
+                "-m",
+                "bench.scale_agents",
                 "--kubeconfig",
                 str(self.testbed.kubeconfig),
                 "--nodes-file",
@@ -289,6 +290,7 @@ class Size:
                 "--latency-ms",
                 str(self.args.latency_ms),
             ],
+            cwd=BENCH.parent,  # where `bench` is a package
         )
         # The agents stand for N machines, each with its own CPU: their Lease renewals must
         # not wait behind the control plane and the operator on this one machine.

@@ -37,7 +37,8 @@ def short_dir() -> Iterator[Path]:
 def _chaos(work: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], re.Match[str]]:
     """Run bench/chaos.py; the process and its summary line."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "chaos.py"), *flags, f"--dir={work}"],
+        [sys.executable, "-m", "bench.chaos", *flags, f"--dir={work}"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=280,

@@ -3,23 +3,8 @@ non-leader write only when it lands outside the times its writer held the Lease.
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-from types import ModuleType
+from bench import chaos_faults as FAULTS
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _faults() -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # the bench scripts import their neighbours by name
-    try:
-        return importlib.import_module("chaos_faults")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-FAULTS = _faults()
 T0 = 1_795_000_000.0  # 2026-11-18T...: any whole second
 
 

@@ -3,31 +3,15 @@ harness reads from slices, claims and pods, and how it counts them by request ki
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 from collections import Counter
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from bench import scale_cluster as CLUSTER
+from bench import scale_offer as OFFER
+from bench import scale_report as REPORT
 from migpart.dra import DRIVER, INSTANCE_READY, placement_device_fields
 from migpart.testing.builders import ClaimBuilder, PodBuilder, SliceBuilder
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _bench(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # the bench scripts import their neighbours by name
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-OFFER = _bench("scale_offer")
-CLUSTER = _bench("scale_cluster")
-REPORT = _bench("scale_report")
 
 
 def _plan(name: str, count: int = 1, same_gpu: bool = False, zone: str | None = None) -> Any:
