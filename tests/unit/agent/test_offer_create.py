@@ -22,7 +22,7 @@ from migpart.api.models import FailedInstance, GpuSpec, MigInstanceSpec, MigNode
 from migpart.dra import DRIVER, AllocatedDevice
 from migpart.testing.claims import InMemoryClaims
 from migpart.testing.mignodes import InMemoryMigNodes
-from tests.unit.agent.test_reconciler import layout, prepare
+from tests.unit.agent.helpers import layout, prepare
 
 if TYPE_CHECKING:
     from pathlib import Path

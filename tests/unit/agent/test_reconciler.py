@@ -9,18 +9,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from migpart.agent.checkpoint import Checkpoint
 from migpart.agent.reconciler import Op, reconcile_once
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec, condition_status
-from migpart.dra import DRIVER
-from migpart.mig import CATALOG, Instance, device_name, enumerate_layouts
+from migpart.mig import CATALOG, Instance, enumerate_layouts
 from tests.unit.agent.conftest import H100
+from tests.unit.agent.helpers import layout, prepare
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from migpart.agent.backend import GpuInfo, MigInstance, NvmlBackend
+    from migpart.agent.backend import GpuInfo, MigInstance
     from migpart.mig import ModelTable
 
 
@@ -31,31 +31,6 @@ def spec(plan: str | None, *gpus: list[tuple[str, int]]) -> MigNodeSpec:
             GpuSpec(index=i, instances=[MigInstanceSpec(profile=p, start=s) for p, s in g])
             for i, g in enumerate(gpus)
         ],
-    )
-
-
-async def layout(sim: NvmlBackend, gpu: int = 0) -> list[tuple[str, int]]:
-    return [(i.profile, i.start) for i in await sim.instances(gpu)]
-
-
-def prepare(checkpoint: Checkpoint, uid: str, inst: MigInstance) -> None:
-    name = device_name(inst.gpu, inst.profile, inst.start)
-    checkpoint.put(
-        PreparedClaim(
-            uid,
-            "default",
-            f"claim-{uid}",
-            (
-                PreparedDevice(
-                    name,
-                    inst.gpu,
-                    inst.profile,
-                    inst.start,
-                    inst.uuid,
-                    f"{DRIVER}/mig={uid}-{name}",
-                ),
-            ),
-        )
     )
 
 

@@ -7,11 +7,14 @@ from typing import Any
 
 import yaml
 
-from migpart.api.models import GpuStatus, MigNode, MigNodeStatus
+from migpart.api.models import FailedInstance, GpuStatus, MigNode, MigNodeSpec, MigNodeStatus
 from migpart.clock import ManualClock
 from migpart.controller.health import NodeHealth
+from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
-from migpart.testing.builders import ClaimBuilder, PolicyBuilder, profile_is
+from migpart.dra import DRIVER
+from migpart.kube.placement import NodeFacts
+from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, PolicyBuilder, profile_is
 from tests.unit.kube.factories import gpu
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -69,3 +72,63 @@ def offline_state(effects: Any, publisher: Any = None) -> OperatorState:
     )
     state.slices_listed.set()  # no slice watch: nothing to wait for
     return state
+
+
+def world(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]], **spec: Any) -> Cluster:
+    labels = {name: {"pool": "a"} for name in nodes}
+    return Cluster(
+        mignodes=nodes,
+        node_labels=labels,
+        policies={"pa": policy("pa", "a", reconfiguration={"batchWindowSeconds": 0, **spec})},
+        claims={f"ns/{c['metadata']['name']}": c for c in claims},
+        waiting={f"ns/{c['metadata']['name']}": (placement(),) for c in claims},
+        device_classes={DRIVER: DEVICE_CLASS},
+        node_facts={name: NodeFacts(v, ()) for name, v in labels.items()},
+    )
+
+
+def one_gpu(name: str, revision: int, *instances: tuple[str, int, str]) -> dict[str, Any]:
+    return mignode(name, revision, gpus=[gpu(0, *instances)])
+
+
+def allocation(name: str, node: str, device: str) -> dict[str, Any]:
+    body = claim(name, "7g.80gb")
+    body["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]
+            }
+        }
+    }
+    return body
+
+
+def node_body(
+    revision: int,
+    spec: MigNodeSpec | None = None,
+    *instances: tuple[str, int, str],
+    failed: list[FailedInstance] | None = None,
+    gpus: int = 2,
+) -> dict[str, Any]:
+    """MigNode `a` at `revision`: H100s, `instances` on GPU 0 (profile, start, state); the
+    agent carried out `spec` (the node is not reconfiguring)."""
+    status = {
+        "gpus": [gpu(0, *instances), *(gpu(i) for i in range(1, gpus))],
+        "failedInstances": failed or [],
+        "observedPlanId": spec.plan_id if spec is not None else None,
+    }
+    body = MigNodeBuilder("a").revision(revision).status(_status(status))
+    if spec is not None:
+        body = body.spec(spec)
+    return body.obj()
+
+
+def _status(status: dict[str, Any]) -> dict[str, Any]:
+    return MigNodeStatus.model_validate(status).model_dump(
+        by_alias=True, exclude_none=True, mode="json"
+    )
+
+
+def offered(name: str, device: str, revision: int = 2) -> dict[str, Any]:
+    body = ClaimBuilder(name, "ns").uid(f"uid-{name}").revision(revision)
+    return body.request(profile_is("3g.40gb")).allocated("a", device, offered=True).obj()

@@ -20,8 +20,7 @@ from migpart.kube.slice_publisher import SlicePublisher
 from migpart.mig import Instance
 from migpart.testing.effects import InMemoryEffects, Refused
 from migpart.testing.leases import InMemoryLeaseStore
-from tests.unit.controller.factories import claim, offline_state
-from tests.unit.controller.test_round import one_gpu, world
+from tests.unit.controller.factories import claim, offline_state, one_gpu, world
 
 
 @dataclass

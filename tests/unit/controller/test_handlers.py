@@ -12,7 +12,7 @@ from migpart.controller import handlers
 from migpart.controller.workers import Signals
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import policy
-from tests.unit.controller.test_round import clock_of, operator
+from tests.unit.controller.harness import clock_of, operator
 
 
 async def test_an_invalid_policy_is_reported_through_the_write_port() -> None:

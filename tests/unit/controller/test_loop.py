@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -11,27 +10,11 @@ import pytest
 from migpart.clock import ManualClock
 from migpart.controller import loop
 from migpart.controller.reconcile import PACE_FACTOR, PolicyRound
-from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
 from migpart.controller.workers import Signals
 from migpart.testing.effects import InMemoryEffects
-from tests.unit.controller.factories import claim
-from tests.unit.controller.test_round import clock_of, one_gpu, operator, world
-
-
-def indexed(state: OperatorState, cluster: Cluster) -> OperatorState:
-    """`state` with kopf-like index views of `cluster` (index id -> key -> stored values)."""
-    one_each: dict[str, Mapping[str, Any]] = {
-        "mignodes_index": cluster.mignodes,
-        "nodes_index": cluster.node_facts,
-        "policies_index": cluster.policies,
-        "claims_index": cluster.claims,
-        "classes_index": cluster.device_classes,
-    }
-    indexes = {index: {k: [v] for k, v in values.items()} for index, values in one_each.items()}
-    indexes["waiting_index"] = {k: list(v) for k, v in cluster.waiting.items()}
-    state.indexes = indexes
-    return state
+from tests.unit.controller.factories import claim, one_gpu, world
+from tests.unit.controller.harness import clock_of, indexed, operator
 
 
 async def until(event: asyncio.Event, loop_task: asyncio.Task[None]) -> None:

@@ -15,88 +15,18 @@ from migpart.api.models import (
     GpuSpec,
     MigInstanceSpec,
     MigNodeSpec,
-    MigNodeStatus,
 )
 from migpart.clock import ManualClock
-from migpart.controller.indexes import object_entry
-from migpart.controller.offer_relay import FAILED_BACKOFF_S, OfferRelay
+from migpart.controller.offer_relay import FAILED_BACKOFF_S
 from migpart.controller.relay import BACKING_OFF
-from migpart.controller.state import OperatorState
 from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY, DeviceId, as_iso
 from migpart.kube.election import Term, Unelected
-from migpart.kube.watch import Index
-from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, profile_is
+from migpart.testing.builders import ClaimBuilder, profile_is
 from migpart.testing.effects import InMemoryEffects, Refused
-from tests.unit.controller.factories import offline_state
-from tests.unit.controller.test_round import run, world
-from tests.unit.kube.factories import gpu
+from tests.unit.controller.factories import node_body, offered, offline_state, world
+from tests.unit.controller.harness import RelayCluster, run
 
 Body = dict[str, Any]
-
-
-def node_body(
-    revision: int,
-    spec: MigNodeSpec | None = None,
-    *instances: tuple[str, int, str],
-    failed: list[FailedInstance] | None = None,
-    gpus: int = 2,
-) -> Body:
-    """MigNode `a` at `revision`: H100s, `instances` on GPU 0 (profile, start, state); the
-    agent carried out `spec` (the node is not reconfiguring)."""
-    status = {
-        "gpus": [gpu(0, *instances), *(gpu(i) for i in range(1, gpus))],
-        "failedInstances": failed or [],
-        "observedPlanId": spec.plan_id if spec is not None else None,
-    }
-    body = MigNodeBuilder("a").revision(revision).status(_status(status))
-    if spec is not None:
-        body = body.spec(spec)
-    return body.obj()
-
-
-def _status(status: dict[str, Any]) -> dict[str, Any]:
-    return MigNodeStatus.model_validate(status).model_dump(
-        by_alias=True, exclude_none=True, mode="json"
-    )
-
-
-def offered(name: str, device: str, revision: int = 2) -> Body:
-    body = ClaimBuilder(name, "ns").uid(f"uid-{name}").revision(revision)
-    return body.request(profile_is("3g.40gb")).allocated("a", device, offered=True).obj()
-
-
-class Cluster:
-    """An operator state on the in-memory port, its MigNode index and the relay."""
-
-    def __init__(self, mignode: Body, effects: InMemoryEffects | None = None) -> None:
-        self.effects = effects or InMemoryEffects(mignodes={"a": mignode})
-        self.state: OperatorState = offline_state(self.effects)
-        self.index = Index(object_entry)
-        self.index.listed([mignode])
-        self.state.watched = {"mignodes_index": self.index}
-        self.relay = OfferRelay(self.state)
-        self.state.relay = self.relay
-
-    async def claim(self, *claims: Body) -> None:
-        for c in claims:
-            self.relay.claim_changed("MODIFIED", c)
-        await self.relay.idle()
-
-    async def agent(self, body: Body) -> None:
-        """The agent reports (a MigNode event)."""
-        self.index.changed("MODIFIED", body)
-        self.relay.node_changed("a")
-        await self.relay.idle()
-
-    async def reported(self, body: Body) -> None:
-        """The agent wrote its status: the API server has it (what a spec is written over),
-        then the watch shows it."""
-        self.effects.mignodes["a"] = body
-        await self.agent(body)
-
-    def wanted(self) -> list[tuple[str, int]]:
-        spec = self.effects.specs[-1][1]
-        return sorted((i.profile, i.start) for g in spec.gpus if g.index == 0 for i in g.instances)
 
 
 def spec_p1(*instances: tuple[str, int]) -> MigNodeSpec:
@@ -106,7 +36,7 @@ def spec_p1(*instances: tuple[str, int]) -> MigNodeSpec:
 
 
 async def test_a_placement_is_added_to_the_spec_then_marked_ready() -> None:
-    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free")))
+    world_ = RelayCluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free")))
     claim = offered("c1", "gpu-0-3g40gb-4")
     await world_.claim(claim)
     assert world_.wanted() == [("3g.40gb", 0), ("3g.40gb", 4)]
@@ -149,14 +79,16 @@ async def test_a_placement_is_added_to_the_spec_then_marked_ready() -> None:
 
 
 async def test_a_placement_already_in_the_spec_writes_no_spec() -> None:
-    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0), ("3g.40gb", 4)), ("3g.40gb", 0, "Free")))
+    world_ = RelayCluster(
+        node_body(5, spec_p1(("3g.40gb", 0), ("3g.40gb", 4)), ("3g.40gb", 0, "Free"))
+    )
     await world_.claim(offered("c1", "gpu-0-3g40gb-4"))
     assert world_.effects.specs == []
     assert world_.effects.claim_devices == []
 
 
 async def test_two_claims_on_overlapping_placements_one_is_created_the_other_fails() -> None:
-    world_ = Cluster(node_body(5, None))
+    world_ = RelayCluster(node_body(5, None))
     first, second = offered("c1", "gpu-0-4g40gb-0"), offered("c2", "gpu-0-7g80gb-0")
     await world_.claim(second, first)
     assert world_.wanted() == [("4g.40gb", 0)]
@@ -176,7 +108,7 @@ async def test_two_claims_on_overlapping_placements_one_is_created_the_other_fai
 
 async def test_a_placement_over_an_instance_in_use_is_a_conflict_and_nothing_moves() -> None:
     # the spec (p1) dropped 3g.40gb@4, but it is prepared for a claim: it stays
-    world_ = Cluster(node_body(5, spec_p1(), ("3g.40gb", 4, "Prepared")))
+    world_ = RelayCluster(node_body(5, spec_p1(), ("3g.40gb", 4, "Prepared")))
     await world_.claim(offered("c1", "gpu-0-7g80gb-0"))
     assert world_.effects.specs == []
     [(_, devices)] = world_.effects.claim_devices
@@ -186,14 +118,14 @@ async def test_a_placement_over_an_instance_in_use_is_a_conflict_and_nothing_mov
 async def test_a_gpu_the_spec_does_not_list_keeps_every_instance_it_has() -> None:
     """No planId: the spec wants nothing. The relayed spec must list what GPU 0 has, or the
     agent would destroy the free instance; GPU 1 stays unlisted (left alone)."""
-    world_ = Cluster(node_body(5, None, ("3g.40gb", 0, "Free"), ("1g.10gb", 6, "Free")))
+    world_ = RelayCluster(node_body(5, None, ("3g.40gb", 0, "Free"), ("1g.10gb", 6, "Free")))
     await world_.claim(offered("c1", "gpu-0-2g20gb-4"))
     assert world_.wanted() == [("1g.10gb", 6), ("2g.20gb", 4), ("3g.40gb", 0)]
     assert [g.index for g in world_.effects.specs[0][1].gpus] == [0]
 
 
 async def test_an_nvml_error_fails_the_claim_and_touches_nothing_else() -> None:
-    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free")))
+    world_ = RelayCluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free")))
     claim = offered("c1", "gpu-0-3g40gb-4")
     other = {"driver": "nic.example.com", "pool": "a", "device": "eth0", "conditions": []}
     claim["status"]["devices"] = [other]
@@ -234,7 +166,7 @@ class Deposed:
 
 async def test_a_standby_writes_nothing() -> None:
     effects = InMemoryEffects(mignodes={"a": node_body(5, None)}, leadership=Deposed(asked=1))
-    world_ = Cluster(node_body(5, None), effects.under(None))
+    world_ = RelayCluster(node_body(5, None), effects.under(None))
     await world_.claim(offered("c1", "gpu-0-3g40gb-4"))
     assert (effects.specs, effects.claim_devices, effects.refused) == ([], [], [])
 
@@ -242,7 +174,7 @@ async def test_a_standby_writes_nothing() -> None:
 async def test_a_leader_deposed_mid_pass_is_fenced() -> None:
     leadership = Deposed()
     effects = InMemoryEffects(mignodes={"a": node_body(5, None)}, leadership=leadership)
-    world_ = Cluster(node_body(5, None), effects.under(leadership.term))
+    world_ = RelayCluster(node_body(5, None), effects.under(leadership.term))
     await world_.claim(offered("c1", "gpu-0-3g40gb-4"))
     assert effects.specs == []
     assert effects.refused == [Refused("spec", "a")]
@@ -255,7 +187,7 @@ def whole_gpu(name: str) -> Body:
 
 
 async def test_the_round_after_the_relay_keeps_the_placement() -> None:
-    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free"), gpus=1))
+    world_ = RelayCluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free"), gpus=1))
     claim = offered("c1", "gpu-0-3g40gb-4")
     await world_.claim(claim)
     relayed = world_.effects.mignodes["a"]
@@ -292,7 +224,7 @@ async def test_a_round_whose_node_the_relay_wrote_meanwhile_plans_again() -> Non
     is allocated 3g.40gb@4 and the relay writes it into the spec. The round's spec would drop
     it: the round must plan again instead of writing."""
     body = node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free"), gpus=1)
-    world_ = Cluster(body)
+    world_ = RelayCluster(body)
     claim = offered("c1", "gpu-0-3g40gb-4")
     cluster = world({"a": body}, [whole_gpu("c2")])
 
@@ -324,10 +256,10 @@ def sent_back(name: str, revision: int) -> Body:
     return body.request(profile_is("3g.40gb")).obj()
 
 
-async def failed_and_sent_back() -> Cluster:
+async def failed_and_sent_back() -> RelayCluster:
     """c1 was allocated 3g.40gb@4 next to a free 3g.40gb@0, the relay added it, NVML refused
     it, and the scheduler deallocated c1 once it failed."""
-    world_ = Cluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free")))
+    world_ = RelayCluster(node_body(5, spec_p1(("3g.40gb", 0)), ("3g.40gb", 0, "Free")))
     await world_.claim(offered("c1", "gpu-0-3g40gb-4"))
     [(_, relayed)] = world_.effects.specs
     failed = [refused("3g.40gb", 4)]
@@ -371,7 +303,7 @@ async def test_a_retry_the_agent_made_as_the_relay_dropped_it_is_kept() -> None:
     spec = spec_p1(("3g.40gb", 0), ("3g.40gb", 4))
     seen = node_body(5, spec, ("3g.40gb", 0, "Free"), failed=[refused("3g.40gb", 4)])
     made = node_body(6, spec, ("3g.40gb", 0, "Free"), ("3g.40gb", 4, "Free"))
-    world_ = Cluster(seen, InMemoryEffects(mignodes={"a": made}))
+    world_ = RelayCluster(seen, InMemoryEffects(mignodes={"a": made}))
     world_.relay.node_changed("a")
     await world_.relay.idle()
     assert world_.effects.specs == []
@@ -401,7 +333,9 @@ async def test_an_operator_started_again_drops_what_the_last_one_left() -> None:
     """Killed after the claim was deallocated, before it dropped the placement: the new
     leader knows no claim on the node, but its agent reports the failure."""
     spec = spec_p1(("3g.40gb", 0), ("3g.40gb", 4))
-    world_ = Cluster(node_body(5, spec, ("3g.40gb", 0, "Free"), failed=[refused("3g.40gb", 4)]))
+    world_ = RelayCluster(
+        node_body(5, spec, ("3g.40gb", 0, "Free"), failed=[refused("3g.40gb", 4)])
+    )
     world_.relay.claims_listed([])
     world_.relay.settle_all()
     await world_.relay.idle()
@@ -412,7 +346,9 @@ async def test_an_operator_started_again_drops_what_the_last_one_left() -> None:
 async def test_a_round_plans_nothing_on_a_placement_backing_off() -> None:
     """7g.80gb@0 failed and was dropped; a pending claim fits nowhere else. The round counts
     it as used until the back-off ends, then plans it again."""
-    world_ = Cluster(node_body(5, spec_p1(("7g.80gb", 0)), failed=[refused("7g.80gb", 0)], gpus=1))
+    world_ = RelayCluster(
+        node_body(5, spec_p1(("7g.80gb", 0)), failed=[refused("7g.80gb", 0)], gpus=1)
+    )
     world_.relay.settle_all()
     await world_.relay.idle()
     [(_, dropped)] = world_.effects.specs
@@ -434,7 +370,7 @@ async def test_a_round_during_the_back_off_never_wants_the_placement_again() -> 
     """3g.40gb@4 failed and was dropped. A round that plans a 1g.10gb on the same GPU plans
     beside it (it counts as used), and the spec it writes does not want it back."""
     body = node_body(5, spec_p1(("3g.40gb", 4)), failed=[refused("3g.40gb", 4)], gpus=1)
-    world_ = Cluster(body)
+    world_ = RelayCluster(body)
     world_.relay.settle_all()
     await world_.relay.idle()
     [(_, dropped)] = world_.effects.specs

@@ -47,16 +47,16 @@ from migpart.testing.effects import InMemoryEffects
 from migpart.testing.leases import InMemoryLeaseStore
 from tests.unit.controller.factories import (
     DEVICE_CLASS,
+    allocation,
     claim,
     mignode,
+    node_body,
+    offered,
     offline_state,
     placement,
     policy,
 )
-from tests.unit.controller.test_loop import indexed
-from tests.unit.controller.test_offer_relay import Cluster as RelayCluster
-from tests.unit.controller.test_offer_relay import node_body, offered
-from tests.unit.controller.test_round import allocation, clock_of
+from tests.unit.controller.harness import RelayCluster, clock_of, indexed
 from tests.unit.kube.factories import gpu
 from tests.unit.kube.slice_store import SliceStore
 from tests.unit.planning.strategies import layouts

@@ -7,11 +7,9 @@ from typing import Any
 import pytest
 
 from migpart.api.models import MigNode
-from migpart.clock import ManualClock
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
-from migpart.controller.state import OperatorState
 from migpart.dra import DRIVER
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import reconfiguring
@@ -19,46 +17,14 @@ from migpart.planning.model import Plan
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import (
     DEVICE_CLASS,
+    allocation,
     claim,
-    mignode,
-    offline_state,
+    one_gpu,
     placement,
     policy,
+    world,
 )
-from tests.unit.kube.factories import gpu
-
-
-def world(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]], **spec: Any) -> Cluster:
-    labels = {name: {"pool": "a"} for name in nodes}
-    return Cluster(
-        mignodes=nodes,
-        node_labels=labels,
-        policies={"pa": policy("pa", "a", reconfiguration={"batchWindowSeconds": 0, **spec})},
-        claims={f"ns/{c['metadata']['name']}": c for c in claims},
-        waiting={f"ns/{c['metadata']['name']}": (placement(),) for c in claims},
-        device_classes={DRIVER: DEVICE_CLASS},
-        node_facts={name: NodeFacts(v, ()) for name, v in labels.items()},
-    )
-
-
-def operator(effects: InMemoryEffects) -> OperatorState:
-    return offline_state(effects)
-
-
-def clock_of(state: OperatorState) -> ManualClock:
-    """The manual clock of an `operator(...)`, for the test to move time on."""
-    assert isinstance(state.clock, ManualClock)
-    return state.clock
-
-
-async def run(state: OperatorState, cluster: Cluster) -> PolicyRound:
-    round_ = PolicyRound(state, "pa", cluster.policies["pa"], cluster)
-    await round_.run()
-    return round_
-
-
-def one_gpu(name: str, revision: int, *instances: tuple[str, int, str]) -> dict[str, Any]:
-    return mignode(name, revision, gpus=[gpu(0, *instances)])
+from tests.unit.controller.harness import clock_of, operator, run
 
 
 async def test_a_pending_claim_gets_a_spec_an_event_and_a_status() -> None:
@@ -98,18 +64,6 @@ async def test_a_destroyed_instance_is_withdrawn_and_confirmed_before_the_spec_d
     assert "7g.80gb" not in [i.profile for i in spec.gpus[0].instances]
     steps = [e.step for e in state.hooks.journal]
     assert steps.index("withdrawn") < steps.index("confirmed") < steps.index("spec_written")
-
-
-def allocation(name: str, node: str, device: str) -> dict[str, Any]:
-    body = claim(name, "7g.80gb")
-    body["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]
-            }
-        }
-    }
-    return body
 
 
 async def test_a_device_allocated_inside_the_window_is_kept_and_never_leaves_the_spec() -> None:

@@ -10,8 +10,8 @@ import pytest
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode, MigNodeStatus, ProfileInfo
 from migpart.controller.screening import node_problem
 from migpart.testing.effects import InMemoryEffects
-from tests.unit.controller.factories import claim, mignode
-from tests.unit.controller.test_round import operator, run, world
+from tests.unit.controller.factories import claim, mignode, world
+from tests.unit.controller.harness import operator, run
 from tests.unit.kube.factories import H100, gpu
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from migpart.commands.plan import main
-from tests.unit.planning.test_codec import BASE, EXAMPLE
+from tests.unit.planning.factories import BASE, EXAMPLE
 
 
 def write(tmp_path: Path, body: object, name: str = "snapshot.json") -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,27 +13,7 @@ from migpart.errors import InvalidInput
 from migpart.mig import Instance
 from migpart.planning.codec import PlanInput, encode_plan, parse_input
 from migpart.planning.model import Assignment, DeviceRef, GpuPlan, Plan, PlanStats
-
-EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "snapshot.json"
-
-BASE: dict[str, Any] = {
-    "nodes": [
-        {
-            "name": "n1",
-            "gpus": [
-                {
-                    "index": 0,
-                    "model": "NVIDIA H100 80GB HBM3",
-                    "instances": [
-                        {"profile": "3g.40gb", "start": 0, "used": True},
-                        {"profile": "1g.10gb", "start": 4, "used": False},
-                    ],
-                }
-            ],
-        }
-    ],
-    "requests": [{"name": "r", "profiles": ["1g.10gb"], "count": 2, "priority": 1}],
-}
+from tests.unit.planning.factories import BASE, EXAMPLE
 
 
 def parse(document: object) -> PlanInput:

@@ -9,43 +9,14 @@ import pytest
 
 from migpart.mig import Instance
 from migpart.planning.model import (
-    GpuState,
-    InstanceState,
-    NodeState,
     PolicyView,
     Request,
     Snapshot,
     Spare,
 )
 from migpart.planning.planner import plan
-from tests.unit.planning.test_properties import check_plan
-
-H100 = "NVIDIA H100 80GB HBM3"
-H200 = "NVIDIA H200"
-A30 = "NVIDIA A30"
-A100 = "NVIDIA A100-SXM4-80GB"
-
-
-def gpu(node: str, index: int, *instances: tuple[str, int, bool], model: str = H100) -> GpuState:
-    return GpuState(node, index, model, tuple(InstanceState(p, s, u) for p, s, u in instances))
-
-
-def snap(*gpus: GpuState) -> Snapshot:
-    nodes: dict[str, list[GpuState]] = {}
-    for g in gpus:
-        nodes.setdefault(g.node, []).append(g)
-    return Snapshot(tuple(NodeState(n, tuple(gs)) for n, gs in nodes.items()))
-
-
-def req(
-    name: str,
-    *profiles: str,
-    count: int = 1,
-    priority: int = 0,
-    nodes: frozenset[str] | None = None,
-    same_gpu: bool = False,
-) -> Request:
-    return Request(name, profiles, count, priority, nodes, same_gpu)
+from tests.unit.planning.contract import check_plan
+from tests.unit.planning.factories import A30, A100, H200, gpu, req, snap
 
 
 @dataclass

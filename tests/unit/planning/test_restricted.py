@@ -23,9 +23,9 @@ from migpart.planning.model import (
     Snapshot,
 )
 from migpart.planning.planner import plan
+from tests.unit.planning.contract import check_plan
+from tests.unit.planning.factories import gpu, req, snap
 from tests.unit.planning.strategies import policies, request_lists, snapshots
-from tests.unit.planning.test_planner import gpu, req, snap
-from tests.unit.planning.test_properties import check_plan
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MODELS = ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB"]

@@ -7,8 +7,8 @@ from migpart.planning.greedy import Greedy
 from migpart.planning.model import PolicyView
 from migpart.planning.packer import Packer
 from migpart.planning.search import NodeSearch
-from tests.unit.planning.test_planner import gpu, req, snap
-from tests.unit.planning.test_properties import check_plan
+from tests.unit.planning.contract import check_plan
+from tests.unit.planning.factories import gpu, req, snap
 
 
 def test_gives_up_one_request_for_two() -> None:
