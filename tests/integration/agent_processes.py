@@ -1,19 +1,24 @@
 """Real `migpart agent --simulate` processes on the testbed, for tests that kill an agent or
-lose one of its GPUs (a file the simulator reads), and helpers that read what they and the
-operator wrote."""
+lose one of its GPUs (a file the simulator reads), an agent served in the test's own process
+(`running_agent`), and helpers that read what they and the operator wrote."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from kubernetes_asyncio.client import ApiClient
 
+from migpart.agent.app import AgentConfig, serve
+from migpart.agent.simulator import SimulatedNvml
 from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
@@ -26,7 +31,7 @@ from tests.integration.conftest import (
     pending_pod,
     policy_body,
 )
-from tests.stopping import stop_process
+from tests.stopping import stop_process, stop_task
 
 
 class AgentProcess:
@@ -142,3 +147,16 @@ def spec_under_way(bed: Testbed, node: str, profile: str) -> str:
     plan: str = spec["spec"]["planId"]
     assert (spec.get("status") or {}).get("observedPlanId") != plan
     return plan
+
+
+@contextlib.asynccontextmanager
+async def running_agent(
+    config: AgentConfig, api: ApiClient, sim: SimulatedNvml
+) -> AsyncIterator[None]:
+    started = asyncio.Event()
+    task = asyncio.create_task(serve(config, api, backend=sim, started=started))
+    await started.wait()
+    try:
+        yield
+    finally:
+        await stop_task(task, f"the agent of {config.node}")

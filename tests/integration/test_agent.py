@@ -5,7 +5,6 @@ kubelet plugin reads claim allocations from the API server."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 import tempfile
@@ -16,13 +15,14 @@ import pytest
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from migpart.agent.app import AgentConfig, serve
+from migpart.agent.app import AgentConfig
 from migpart.agent.claims import ClaimNotFound, KubeClaims
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GROUP
 from migpart.dra import DRIVER, AllocatedDevice
 from migpart.testing.builders import ClaimBuilder
-from tests.stopping import stop_async_process, stop_task
+from tests.integration.agent_processes import running_agent
+from tests.stopping import stop_async_process
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -83,19 +83,6 @@ def agent_config(node: str, gpus: int, root: Path, *, resync_s: float) -> AgentC
         metrics_port=0,
         resync_s=resync_s,
     )
-
-
-@contextlib.asynccontextmanager
-async def running_agent(
-    config: AgentConfig, api: ApiClient, sim: SimulatedNvml
-) -> AsyncIterator[None]:
-    started = asyncio.Event()
-    task = asyncio.create_task(serve(config, api, backend=sim, started=started))
-    await started.wait()
-    try:
-        yield
-    finally:
-        await stop_task(task, f"the agent of {config.node}")
 
 
 async def test_agent_creates_mignode_reports_and_converges(

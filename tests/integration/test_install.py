@@ -31,8 +31,7 @@ from migpart.api.models import GROUP
 from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
-from tests.integration.conftest import eventually
-from tests.integration.test_admission import (
+from tests.integration.access import (
     AGENT,
     account_token,
     agent_pod,
@@ -40,6 +39,7 @@ from tests.integration.test_admission import (
     create_mignode,
     forbidden,
 )
+from tests.integration.conftest import eventually
 from tests.testbeds import running_testbed
 from tests.tools import CHART, IMAGE_VALUES, MANIFESTS, ROOT, run
 

@@ -24,8 +24,8 @@ from migpart.agent.simulator import SimulatedNvml
 from migpart.controller.state import OperatorState
 from migpart.dra import DRIVER
 from migpart.testbed import Testbed
+from tests.integration.agent_processes import running_agent
 from tests.integration.conftest import H100, RunningOperator, get_or_none
-from tests.integration.test_agent import running_agent
 from tests.stopping import stop_task
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from migpart.api.leases import LEASE_NAMESPACE
 from migpart.api.models import GROUP
 from migpart.dra import DRIVER, INSTANCE_READY
 from migpart.testbed import Testbed
+from tests.integration.access import account_token, call
 from tests.integration.conftest import claim_body, patch_status
-from tests.integration.test_admission import account_token, call
 
 pytestmark = pytest.mark.integration
 
