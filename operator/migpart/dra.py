@@ -127,3 +127,9 @@ def as_iso(moment: datetime) -> str:
 def now_iso() -> str:
     """Now as a Kubernetes `metav1.Time` (see `as_iso`)."""
     return as_iso(datetime.now(UTC))
+
+
+def micro_time(now: datetime | None = None) -> str:
+    """`now` (UTC; default: now) as a Kubernetes `metav1.MicroTime`, what a Lease's
+    renewTime and acquireTime hold (microseconds)."""
+    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

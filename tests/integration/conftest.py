@@ -23,7 +23,6 @@ import pytest
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from migpart.agent.lease import micro_time
 from migpart.api.leases import LEASE_LABELS, LEASE_NAMESPACE, lease_name
 from migpart.api.models import (
     GROUP,
@@ -36,7 +35,7 @@ from migpart.clock import RealClock
 from migpart.controller.handlers import OperatorConfig, build_registry
 from migpart.controller.metrics import Metrics
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
-from migpart.dra import DRIVER
+from migpart.dra import DRIVER, micro_time
 from migpart.testbed import Testbed
 from migpart.testing import builders
 from migpart.testing.builders import (

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -30,6 +29,7 @@ from migpart.api.leases import (
     LEASE_RENEW_S,
     lease_name,
 )
+from migpart.dra import micro_time
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,11 +39,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("migpart.agent.lease")
 
 MAX_BACKOFF_S = 30.0
-
-
-def micro_time(now: datetime | None = None) -> str:
-    """A metav1.MicroTime (what a Lease's renewTime holds)."""
-    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class NodeLease:

@@ -3,12 +3,10 @@ controller makes of them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from migpart.api.models import GpuPartitionPolicy
-
-Body = Mapping[str, Any]
+from migpart.types import Body
 
 
 def strip(

@@ -30,7 +30,6 @@ import asyncio
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
@@ -45,10 +44,9 @@ from migpart.kube.claims import AllocatedDevices, body_key, is_allocated
 from migpart.kube.snapshot import node_name
 from migpart.mig import Instance
 from migpart.planning.model import GpuPlan
+from migpart.types import Body
 
 log = structlog.get_logger(__name__)
-
-Body = Mapping[str, Any]
 
 
 class Redo(Exception):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
@@ -45,13 +45,12 @@ from migpart.kube.objects import (
     patch_policy_status,
 )
 from migpart.kube.slice_publisher import Published, SlicePublisher
+from migpart.types import Body
 
 log = structlog.get_logger(__name__)
 
 # Events being posted outside kopf (KubeEffects.event): kept until done
 _POSTING: set[asyncio.Task[None]] = set()
-
-Body = Mapping[str, Any]
 
 
 class Effects(Protocol):

@@ -35,8 +35,7 @@ from migpart.kube.watch import (
     all_pods,
     follow,
 )
-
-Body = Mapping[str, Any]
+from migpart.types import Body
 
 
 def state_of(memo: Any) -> OperatorState:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -49,10 +49,9 @@ from migpart.controller.state import OperatorState
 from migpart.errors import MigpartError
 from migpart.kube.leases import STALE
 from migpart.kube.watch import Index, follow
+from migpart.types import Body
 
 log = structlog.get_logger(__name__)
-
-Body = Mapping[str, Any]
 
 PUBLISH_CONCURRENCY = 32
 

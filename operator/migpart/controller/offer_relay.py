@@ -64,14 +64,13 @@ from migpart.dra import (
 from migpart.errors import MigpartError
 from migpart.kube.claims import body_key
 from migpart.kube.watch import Index
+from migpart.types import Body
 
 if TYPE_CHECKING:
     from migpart.api.models import MigNode, MigNodeSpec
     from migpart.controller.state import OperatorState
 
 log = structlog.get_logger(__name__)
-
-Body = Mapping[str, Any]
 
 # How long a placement the relay dropped because the agent could not create it stays out of
 # its node's offer and out of the rounds' plans. NVML refuses a create for a reason that

@@ -46,10 +46,9 @@ from migpart.planning.changes import changed_nodes, choose_nodes, layout_changes
 from migpart.planning.model import GpuPlan, Plan, Snapshot
 from migpart.planning.overtime import aged_requests
 from migpart.planning.planner import plan as make_plan
+from migpart.types import Body
 
 log = structlog.get_logger(__name__)
-
-Body = Mapping[str, Any]
 MAX_REDO = 3
 # Spec writes of one plan in flight at once.
 SPEC_WRITES = 16

@@ -37,12 +37,11 @@ from typing import Any
 from migpart.api.models import FailedInstance, GpuSpec, MigInstanceSpec, MigNode, MigNodeSpec
 from migpart.dra import DRIVER, INSTANCE_FAILED, INSTANCE_READY, DeviceId
 from migpart.mig import Instance, ModelTable, device_name, layout_problems
+from migpart.types import Body
 
 # The reason of the failure condition of a claim allocated a placement the relay dropped lately
 # because the agent could not create it (`RelayDecision.backed_off`).
 BACKING_OFF = "PlacementBackingOff"
-
-Body = Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

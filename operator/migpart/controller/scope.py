@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -44,10 +43,9 @@ from migpart.kube.snapshot import node_name
 from migpart.mig import ModelTable
 from migpart.planning import demand
 from migpart.planning.model import Request
+from migpart.types import Body
 
 log = structlog.get_logger(__name__)
-
-Body = Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from migpart.api.models import (
 )
 from migpart.controller.bodies import uid_of
 from migpart.controller.scope import Scope
+from migpart.types import Body
 
-Body = Mapping[str, Any]
 # (policy uid, the status as written)
 Written = tuple[str, dict[str, Any]]
 

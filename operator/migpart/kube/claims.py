@@ -21,8 +21,7 @@ from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
 from migpart.api.models import MigNode
 from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION, DeviceId, allocated_ids
-
-Body = Mapping[str, Any]
+from migpart.types import Body
 
 MERGE_PATCH = "application/merge-patch+json"
 

@@ -47,6 +47,7 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart import __version__
+from migpart.dra import micro_time
 
 log = structlog.get_logger(__name__)
 
@@ -68,11 +69,6 @@ def user_agent(identity: str) -> str:
 def new_identity() -> str:
     """hostname + random, as client-go callers do: a restarted process is a new candidate."""
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:10]}"
-
-
-def micro_time(now: datetime) -> str:
-    """A metav1.MicroTime."""
-    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class Conflict(Exception):

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import structlog
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
-from migpart.api.leases import LEASE_LABELS, lease_name
+from migpart.api.leases import LEASE_LABELS, lease_node
 from migpart.api.models import Condition
 from migpart.dra import now_iso
 from migpart.kube.watch import follow, label_selector
@@ -43,13 +43,11 @@ class LeaseSink(Protocol):
 def _renewal(lease: Mapping[str, Any]) -> tuple[str, str] | None:
     """(node, renewTime) of one of our Leases, as plain JSON (None: not ours, or never
     renewed). The renewTime is kept as the API server wrote it: it is only compared."""
-    spec = lease.get("spec") or {}
-    holder = spec.get("holderIdentity")
-    name = (lease.get("metadata") or {}).get("name")
-    renew = spec.get("renewTime")
-    if not holder or name != lease_name(str(holder)) or not renew:
+    node = lease_node(lease)
+    renew = (lease.get("spec") or {}).get("renewTime")
+    if node is None or not renew:
         return None
-    return str(holder), str(renew)
+    return node, str(renew)
 
 
 class _Renewals:

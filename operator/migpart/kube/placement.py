@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-Body = Mapping[str, Any]
+from migpart.types import Body
+
 Placement = Mapping[str, Any]
 
 _HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})

@@ -33,9 +33,10 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from migpart.types import Body
+
 log = structlog.get_logger(__name__)
 
-Body = Mapping[str, Any]
 ListCall = Callable[..., Awaitable[Any]]
 
 WATCH_TIMEOUT_S = 300

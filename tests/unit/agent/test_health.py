@@ -10,13 +10,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from migpart.agent.kube import MIGNODE_RESOURCE
-from migpart.agent.lease import micro_time
 from migpart.agent.metrics import AgentMetrics
 from migpart.agent.plugin import RegistrationServicer
 from migpart.agent.runner import Agent
 from migpart.api.leases import lease_name, lease_node
 from migpart.api.models import GROUP, VERSION, MigNodeSpec
 from migpart.commands.agent import config_from, parser
+from migpart.dra import micro_time
 from migpart.errors import ResourceNotServed
 from migpart.testing.mignodes import InMemoryMigNodes
 
