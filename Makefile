@@ -117,16 +117,16 @@ test: venv proto promtool tools testbed image
 	done
 
 bench: venv
-	$(PY) bench/planner.py
+	$(PY) -m bench.planner
 
 # End to end at scale on the testbed: minutes per size (see bench/scale.py).
 bench-scale: venv proto testbed
-	$(PY) bench/scale.py --sizes 100,300,1000
+	$(PY) -m bench.scale --sizes 100,300,1000
 
 # Faults on a seeded schedule with an invariant monitor (bench/chaos.py); the soak:
 # make chaos ARGS="--duration 1200"
 chaos: venv proto testbed
-	$(PY) bench/chaos.py $(ARGS)
+	$(PY) -m bench.chaos $(ARGS)
 
 demo: venv proto
 	MIGPART_K8S_VERSION=$(DEMO_K8S_VERSION) $(PY) -m migpart.cli testbed build

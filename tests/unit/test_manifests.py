@@ -368,7 +368,6 @@ def test_operator_runs_two_elected_replicas_as_non_root() -> None:
     (container,) = spec["containers"]
     _, argv = migpart_command(container)
     args = parse("operator", argv)
-    assert args.peering is False
     assert args.leader_elect is True
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"

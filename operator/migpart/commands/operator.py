@@ -3,9 +3,9 @@
 Leader election is on by default (`--leader-elect`): any number of operators may run, one
 holds the `migpart-operator` Lease in `--leader-elect-namespace` and writes, the others keep
 their watches warm and write nothing until it goes (docs/operations.md, "Two replicas").
-`--no-leader-elect` runs without it: then run exactly one. kopf runs without peering unless
-`--peering` is given; peering pauses a replica that sees another one, it is not leader
-election and fences nothing.
+`--no-leader-elect` runs without it: then run exactly one. kopf always runs standalone: its
+peering pauses a replica that sees another one, which is not leader election and fences
+nothing, and needs CRDs and RBAC the manifests do not have.
 """
 
 from __future__ import annotations
@@ -99,11 +99,6 @@ def parser() -> argparse.ArgumentParser:
         type=port,
         default=8080,
         help="port for /metrics, /healthz, /readyz (0 disables)",
-    )
-    p.add_argument(
-        "--peering",
-        action="store_true",
-        help="use kopf peering (needs kopf's peering CRD and RBAC; default: off, run one replica)",
     )
     p.add_argument("--log-level", type=log_level, default="INFO", help="DEBUG, INFO, WARNING, ...")
     p.add_argument(
@@ -292,7 +287,7 @@ async def run(args: argparse.Namespace) -> None:
         await kopf.operator(
             registry=build_registry(config),
             clusterwide=True,
-            standalone=not args.peering,
+            standalone=True,  # one writer by leader election, not kopf's peering
             ready_flag=ready,
             memo=memo,
         )

@@ -11,7 +11,6 @@ def test_defaults() -> None:
     args = parse_args([])
     assert args.tick_seconds == 1.0
     assert args.withdraw_grace_seconds == 1.0
-    assert not args.peering
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "soon"])
@@ -20,6 +19,14 @@ def test_withdraw_grace_must_be_seconds(value: str, capsys: pytest.CaptureFixtur
         parse_args(["--withdraw-grace-seconds", value])
     assert exit_.value.code == 2
     assert "--withdraw-grace-seconds" in capsys.readouterr().err
+
+
+def test_there_is_no_peering_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """Replicas are coordinated by leader election; kopf's peering is not offered."""
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--peering"])
+    assert exit_.value.code == 2
+    assert "--peering" in capsys.readouterr().err
 
 
 def test_withdraw_grace_zero_is_allowed() -> None:
