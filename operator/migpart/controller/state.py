@@ -141,8 +141,12 @@ class OperatorState:
     workers: Workers = field(default_factory=Workers)
     # the live index views (id -> index) the loops read: `watched`, set at startup
     indexes: Mapping[str, Any] | None = None
-    # the indexes kept by the operator's own watches (controller.indexes.WATCHED)
+    # the indexes kept by the operator's own watches (controller.indexes.WATCHED), and the
+    # MigNode watch's under `mignodes_index`
     watched: dict[str, Index] = field(default_factory=dict)
+    # the MigNode watch's index (controller.mignodes.MigNodeWatch), set at startup: what the
+    # offer relay and the rounds read a MigNode's newest body from (None: no watch yet)
+    mignodes: Index | None = None
     # the task that republishes every slice periodically (handlers.resync_slices)
     resync: asyncio.Task[None] | None = None
     # the operator's own tasks besides the resync: Lease watch, health checks, CRD wait

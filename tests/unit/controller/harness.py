@@ -56,7 +56,7 @@ class RelayCluster:
         self.state: OperatorState = offline_state(self.effects)
         self.index = Index(object_entry)
         self.index.listed([mignode])
-        self.state.watched = {"mignodes_index": self.index}
+        self.state.mignodes = self.index
         self.relay = OfferRelay(self.state)
         self.state.relay = self.relay
 
