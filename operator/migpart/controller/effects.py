@@ -25,10 +25,9 @@ import asyncio
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import aiohttp
-import kopf
 import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -49,7 +48,7 @@ from migpart.types import Body
 
 log = structlog.get_logger(__name__)
 
-# Events being posted outside kopf (KubeEffects.event): kept until done
+# Events being posted (KubeEffects.event): kept until done
 _POSTING: set[asyncio.Task[None]] = set()
 
 
@@ -153,14 +152,9 @@ def stamped(spec: MigNodeSpec, term: Term | None) -> MigNodeSpec:
     return spec if token is None else spec.model_copy(update={"leader_term": token})
 
 
-def as_body(body: Body) -> kopf.Body:
-    """kopf posts events for its own Body type; index values are plain dicts."""
-    return body if isinstance(body, kopf.Body) else kopf.Body(cast("kopf.RawBody", dict(body)))
-
-
 @dataclass
 class KubeEffects(FencedPort):
-    """`Effects` on the API server: the slice publisher, patches, kopf's event poster."""
+    """`Effects` on the API server: the slice publisher, patches, Events (`kube.events`)."""
 
     api: Any  # kubernetes_asyncio ApiClient
     publisher: SlicePublisher
@@ -224,12 +218,9 @@ class KubeEffects(FencedPort):
 
     def event(self, body: Body, type: str, reason: str, message: str) -> None:
         self._fence("event", str((body.get("metadata") or {}).get("name", "")))
-        try:
-            kopf.event(as_body(body), type=type, reason=reason, message=message)
-        except LookupError:  # not in a kopf handler's task (the offer relay): post it here
-            task = asyncio.create_task(self._post(body, type, reason, message))
-            _POSTING.add(task)
-            task.add_done_callback(_POSTING.discard)
+        task = asyncio.create_task(self._post(body, type, reason, message))
+        _POSTING.add(task)
+        task.add_done_callback(_POSTING.discard)
 
     async def _post(self, body: Body, type: str, reason: str, message: str) -> None:
         try:

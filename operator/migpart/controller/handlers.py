@@ -71,6 +71,7 @@ from migpart.kube.election import (
     new_identity,
     user_agent,
 )
+from migpart.kube.events import REPORTING_COMPONENT
 from migpart.kube.features import discover_dra_features, dry_run_create
 from migpart.kube.leases import stale_conditions, watch_leases
 from migpart.kube.slice_publisher import Published, SlicePublisher
@@ -149,7 +150,7 @@ async def startup(
     config: OperatorConfig, settings: kopf.OperatorSettings, memo: Any, **_: Any
 ) -> None:
     settings.posting.enabled = True
-    settings.posting.reporting_component = "migpart"
+    settings.posting.reporting_component = REPORTING_COMPONENT
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 300

@@ -1,8 +1,11 @@
-"""Events the operator posts outside kopf's handlers.
+"""The Events the operator posts, one create each.
 
-kopf posts an Event (`kopf.event`) only from the task of one of its handlers, where its
-posting queue is known. The offer relay (`controller/offer_relay.py`) runs from the claim
-watch, which kopf does not drive: its Events are posted here, one create each.
+Every Event of the operator's decisions goes through the Effects port
+(`controller.effects.KubeEffects.event`), which posts it here: one path, whether the round
+runs in a kopf handler's task or not (`kopf.event` works only there; the offer relay runs from
+the claim watch, which kopf does not drive). They carry `reportingComponent: migpart`, as the
+Events kopf itself posts do (`settings.posting.reporting_component`), so that
+`kubectl get events --field-selector reportingComponent=migpart` finds them all.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from migpart.dra import now_iso
+
+REPORTING_COMPONENT = "migpart"
 
 
 def event_body(obj: Mapping[str, Any], type: str, reason: str, message: str) -> dict[str, Any]:
@@ -35,7 +40,8 @@ def event_body(obj: Mapping[str, Any], type: str, reason: str, message: str) -> 
         "type": type,
         "reason": reason,
         "message": message[:1000],
-        "source": {"component": "migpart"},
+        "reportingComponent": REPORTING_COMPONENT,
+        "source": {"component": REPORTING_COMPONENT},
         "firstTimestamp": now,
         "lastTimestamp": now,
         "count": 1,

@@ -1,4 +1,5 @@
-"""Events posted outside kopf's handlers (kube/events.py) name their object as kopf's do."""
+"""The operator's Events (kube/events.py) name their object, and their reporting component, as
+kopf's do."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def test_an_event_about_a_claim_is_in_its_namespace() -> None:
         "PlacementConflict",
         1000,
     )
+    assert body["reportingComponent"] == body["source"]["component"] == "migpart"
 
 
 def test_an_event_about_a_cluster_scoped_object_goes_to_default() -> None:
