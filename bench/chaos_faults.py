@@ -36,7 +36,8 @@ from typing import Any
 import yaml
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.kube.election import DEFAULT_NAMESPACE, LEASE_DURATION_S, LEASE_NAME, MANAGER_PREFIX
+from migpart.kube.election import MANAGER_PREFIX
+from migpart.kube.election_lease import DEFAULT_NAMESPACE, LEASE_DURATION_S, LEASE_NAME
 
 ELECTION_FAULTS = ("second-operator", "operator-freeze", "agent-freeze", "apiserver-partition")
 LEASE = LEASE_NAME

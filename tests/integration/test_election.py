@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from migpart.kube.election import Conflict, KubeLeaseStore, LeaderElector, LeaseRecord
+from migpart.kube.election import LeaderElector
+from migpart.kube.election_lease import Conflict, KubeLeaseStore, LeaseRecord
 from migpart.testbed import Testbed
 from tests.integration.conftest import get
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from migpart.api.models import GpuPartitionPolicySpec
-from migpart.kube.election import LEASE_NAME
+from migpart.kube.election_lease import LEASE_NAME
 from tests.tools import CHART, IMAGE_VALUES, ROOT, helm_template
 
 DOCS = ROOT / "docs"

@@ -29,14 +29,9 @@ from migpart.controller.handlers import Election, OperatorConfig, build_registry
 from migpart.controller.health import REGISTRATION_GRACE_S, await_crds, serve
 from migpart.controller.metrics import Metrics
 from migpart.kube.client import KubeconfigError, api_client, load_configuration
-from migpart.kube.election import (
-    DEFAULT_NAMESPACE,
-    LEASE_NAME,
-    RENEW_DEADLINE_S,
-    RETRY_PERIOD_S,
-    new_identity,
-)
-from migpart.kube.election import LEASE_DURATION_S as ELECTION_LEASE_S
+from migpart.kube.election import RENEW_DEADLINE_S, RETRY_PERIOD_S, new_identity
+from migpart.kube.election_lease import DEFAULT_NAMESPACE, LEASE_NAME
+from migpart.kube.election_lease import LEASE_DURATION_S as ELECTION_LEASE_S
 from migpart.planning.offer import DEFAULT_DEPTH
 
 log = structlog.get_logger(__name__)

@@ -54,23 +54,18 @@ from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.errors import MigpartError
 from migpart.kube.client import open_client
 from migpart.kube.election import (
-    LEASE_DURATION_S as ELECTION_LEASE_S,
-)
-from migpart.kube.election import (
-    LEASE_NAME,
     RENEW_DEADLINE_S,
     RETRY_PERIOD_S,
-    ElectionThread,
-    KubeLeaseStore,
     LeaderElector,
     Leadership,
-    LeaseStore,
     Term,
     Unelected,
-    UnopenedLeaseStore,
     new_identity,
     user_agent,
 )
+from migpart.kube.election_lease import LEASE_DURATION_S as ELECTION_LEASE_S
+from migpart.kube.election_lease import LEASE_NAME, KubeLeaseStore, LeaseStore, UnopenedLeaseStore
+from migpart.kube.election_thread import ElectionThread
 from migpart.kube.events import REPORTING_COMPONENT
 from migpart.kube.features import discover_dra_features, dry_run_create
 from migpart.kube.leases import stale_conditions, watch_leases

@@ -24,7 +24,7 @@ from migpart.controller.workers import Workers
 from migpart.dra import DeviceId
 from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
-from migpart.kube.election import ElectionThread
+from migpart.kube.election_thread import ElectionThread
 from migpart.kube.features import DraFeatures
 from migpart.kube.slice_publisher import SlicePublisher
 from migpart.kube.snapshot import SnapshotCache

@@ -20,7 +20,7 @@ from typing import IO
 
 from migpart.api.models import GROUP
 from migpart.dra import DRIVER
-from migpart.kube.election import DEFAULT_NAMESPACE
+from migpart.kube.election_lease import DEFAULT_NAMESPACE
 from migpart.testbed import Testbed
 from migpart.testbed.kubelet import NodeKubelet
 from migpart.testbed.run import opted_in, terminate_all

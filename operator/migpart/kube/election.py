@@ -25,38 +25,34 @@ on the monotonic clock, before the request was sent) is younger than `renew_dead
 is shorter than the lease duration another candidate waits for, so a leader whose renewals fail,
 whose process was frozen, or whose Lease was taken stops writing before anyone else can start:
 `holds` needs no request and cannot be fooled by a renewal that succeeds late.
+
+The Lease record and where it is kept: `kube/election_lease.py`; the thread the operator runs
+the elector in: `kube/election_thread.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 import structlog
-from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart import __version__
 from migpart.dra import micro_time
+from migpart.kube.election_lease import LEASE_DURATION_S, Conflict, LeaseRecord, LeaseStore
 
 log = structlog.get_logger(__name__)
 
-LEASE_NAME = "migpart-operator"
-# the Lease's namespace outside a pod (no $POD_NAMESPACE, no service account): the manifests'
-DEFAULT_NAMESPACE = "migpart-system"
 # each operator's user agent, so each write's managedFields manager names the identity
 MANAGER_PREFIX = "migpart-operator-"
-LEASE_DURATION_S = 15.0
 RENEW_DEADLINE_S = 10.0
 RETRY_PERIOD_S = 2.0
 
@@ -69,143 +65,6 @@ def user_agent(identity: str) -> str:
 def new_identity() -> str:
     """hostname + random, as client-go callers do: a restarted process is a new candidate."""
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:10]}"
-
-
-class Conflict(Exception):
-    """The Lease changed (or was created) since it was read: read it again."""
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    """The spec of the election Lease, and the resourceVersion it was read at."""
-
-    holder: str = ""
-    duration_s: int = int(LEASE_DURATION_S)
-    acquire_time: str | None = None
-    renew_time: str | None = None
-    transitions: int = 0
-    resource_version: str = ""
-
-    @staticmethod
-    def of(body: dict[str, Any]) -> LeaseRecord:
-        spec = body.get("spec") or {}
-        return LeaseRecord(
-            holder=str(spec.get("holderIdentity") or ""),
-            duration_s=int(spec.get("leaseDurationSeconds") or 0),
-            acquire_time=spec.get("acquireTime"),
-            renew_time=spec.get("renewTime"),
-            transitions=int(spec.get("leaseTransitions") or 0),
-            resource_version=str((body.get("metadata") or {}).get("resourceVersion") or ""),
-        )
-
-    def spec(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "holderIdentity": self.holder,
-            "leaseDurationSeconds": self.duration_s,
-            "leaseTransitions": self.transitions,
-        }
-        if self.acquire_time is not None:
-            out["acquireTime"] = self.acquire_time
-        if self.renew_time is not None:
-            out["renewTime"] = self.renew_time
-        return out
-
-    def seen_as(self) -> tuple[str, str | None, int, str]:
-        """What makes a record new to an observer (client-go compares the whole record)."""
-        return (self.holder, self.renew_time, self.transitions, self.resource_version)
-
-
-class LeaseStore(Protocol):
-    """The election Lease on the API server (`KubeLeaseStore`) or in memory (tests)."""
-
-    async def get(self) -> LeaseRecord | None:
-        """The Lease now (None: there is none)."""
-        ...
-
-    async def create(self, record: LeaseRecord) -> LeaseRecord:
-        """Create it; raises `Conflict` when it exists."""
-        ...
-
-    async def update(self, record: LeaseRecord) -> LeaseRecord:
-        """Replace it at `record.resource_version`; raises `Conflict` when it changed."""
-        ...
-
-
-class KubeLeaseStore:
-    """`LeaseStore` on the API server; bodies read as plain JSON."""
-
-    def __init__(self, api: ApiClient, namespace: str, name: str, timeout_s: float) -> None:
-        self.namespace = namespace
-        self.name = name
-        self.timeout_s = timeout_s
-        self._leases: Any = CoordinationV1Api(api)
-
-    async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any) -> dict[str, Any]:
-        response = await method(*args, _preload_content=False, _request_timeout=self.timeout_s)
-        try:
-            body = await response.read()
-        finally:
-            response.release()
-        if response.status == 409:
-            raise Conflict(body.decode(errors="replace")[:200])
-        if not 200 <= response.status <= 299:
-            raise ApiException(status=response.status, reason=body.decode(errors="replace"))
-        parsed: dict[str, Any] = json.loads(body)
-        return parsed
-
-    def _body(self, record: LeaseRecord) -> dict[str, Any]:
-        metadata: dict[str, Any] = {
-            "name": self.name,
-            "namespace": self.namespace,
-            "labels": {"app.kubernetes.io/managed-by": "migpart"},
-        }
-        if record.resource_version:
-            metadata["resourceVersion"] = record.resource_version
-        return {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": metadata,
-            "spec": record.spec(),
-        }
-
-    async def get(self) -> LeaseRecord | None:
-        try:
-            body = await self._call(self._leases.read_namespaced_lease, self.name, self.namespace)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return LeaseRecord.of(body)
-
-    async def create(self, record: LeaseRecord) -> LeaseRecord:
-        body = self._body(replace(record, resource_version=""))
-        created = await self._call(self._leases.create_namespaced_lease, self.namespace, body)
-        return LeaseRecord.of(created)
-
-    async def update(self, record: LeaseRecord) -> LeaseRecord:
-        body = self._body(record)
-        try:
-            replaced = await self._call(
-                self._leases.replace_namespaced_lease, self.name, self.namespace, body
-            )
-        except ApiException as err:
-            if err.status == 404:  # deleted since it was read
-                raise Conflict("the Lease was deleted") from err
-            raise
-        return LeaseRecord.of(replaced)
-
-
-class UnopenedLeaseStore:
-    """The store of an elector whose client a thread opens later (`ElectionThread`)."""
-
-    async def get(self) -> LeaseRecord | None:
-        raise RuntimeError("the election's Lease store is not open yet")
-
-    async def create(self, record: LeaseRecord) -> LeaseRecord:
-        raise RuntimeError("the election's Lease store is not open yet")
-
-    async def update(self, record: LeaseRecord) -> LeaseRecord:
-        raise RuntimeError("the election's Lease store is not open yet")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -431,104 +290,3 @@ class LeaderElector:
             log.info("leadership_released", identity=self.identity)
         except (Conflict, ApiException, aiohttp.ClientError, TimeoutError) as err:
             log.warning("leader_lease_release_failed", error=str(err)[:200])
-
-
-# (store, close): a Lease store on a client of its own, and how to close that client
-StoreOpener = Callable[[], Awaitable[tuple[LeaseStore, Callable[[], Awaitable[None]]]]]
-
-
-class ElectionThread:
-    """A `LeaderElector` run in a thread of its own, with its own event loop and API client.
-
-    The operator's event loop is busy exactly when renewals matter: a burst brings thousands of
-    watch events and rounds that plan for seconds at a time. A renewal that waits behind them
-    for its turn on that loop comes back late, the term ends and the next one republishes what
-    differs (measured at 1,000 nodes: two Lease losses in each of two bursts). client-go runs
-    its renewals in a goroutine of their own; this is that goroutine. The fence is unchanged:
-    `holds` reads the term and the start of its last renewal, which the thread writes (a
-    reader that sees the new term before its renewal time refuses, the safe side).
-
-    `on_change` callbacks run on the loop that called `start`, in the order the terms changed."""
-
-    def __init__(self, elector: LeaderElector, open_store: StoreOpener) -> None:
-        self.elector = elector
-        self.on_change: list[Callback] = []
-        self._open_store = open_store
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._campaign: asyncio.Task[None] | None = None  # on the thread's loop
-
-    @property
-    def identity(self) -> str:
-        return self.elector.identity
-
-    def holds(self, term: Term | None) -> bool:
-        return self.elector.holds(term)
-
-    def current(self) -> Term | None:
-        return self.elector.current()
-
-    async def start(self) -> None:
-        """Start the thread, open its client and begin campaigning; raises what opening the
-        client raised (the thread is then stopped)."""
-        caller = asyncio.get_running_loop()
-
-        def tell(term: Term | None) -> None:
-            with contextlib.suppress(RuntimeError):  # the caller's loop closed: it exits
-                caller.call_soon_threadsafe(self._deliver, term)
-
-        self.elector.on_change.append(tell)
-        loop = self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=loop.run_forever, name="leader-election", daemon=True
-        )
-        self._thread.start()
-        try:
-            await self._on_thread(self._begin())
-        except BaseException:
-            await self._end_thread()
-            raise
-
-    def _deliver(self, term: Term | None) -> None:
-        for callback in self.on_change:
-            callback(term)
-
-    async def _on_thread(self, work: Coroutine[Any, Any, None]) -> None:
-        if self._loop is None:
-            raise RuntimeError("the election thread is not running")
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
-
-    async def _begin(self) -> None:
-        self.elector.store, close = await self._open_store()
-
-        async def campaign() -> None:
-            try:
-                await self.elector.run()
-            finally:
-                await self.elector.release()  # a standby takes over at once
-                await close()
-
-        self._campaign = asyncio.create_task(campaign(), name="leader-election")
-
-    async def _finish(self) -> None:
-        campaign = self._campaign
-        if campaign is not None:
-            campaign.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await campaign
-
-    async def _end_thread(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        await asyncio.to_thread(thread.join)
-        loop.close()
-        self._loop = self._thread = None
-
-    async def stop(self) -> None:
-        """End the term, release the Lease, close the thread's client and end the thread."""
-        if self._loop is None:
-            return
-        await self._on_thread(self._finish())
-        await self._end_thread()

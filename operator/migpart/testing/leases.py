@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from migpart.kube.election import Conflict, LeaseRecord
+from migpart.kube.election_lease import Conflict, LeaseRecord
 
 
 @dataclass

@@ -13,15 +13,9 @@ from datetime import UTC, datetime
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.kube.election import (
-    Conflict,
-    ElectionThread,
-    LeaderElector,
-    LeaseRecord,
-    LeaseStore,
-    StoreOpener,
-    Term,
-)
+from migpart.kube.election import LeaderElector, Term
+from migpart.kube.election_lease import Conflict, LeaseRecord, LeaseStore
+from migpart.kube.election_thread import ElectionThread, StoreOpener
 from migpart.testing.leases import InMemoryLeaseStore
 
 
