@@ -76,62 +76,32 @@ import json
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import config
 
-from migpart.api.models import (
-    GROUP,
-    MIGNODE_PLURAL,
-    POLICY_PLURAL,
-    VERSION,
-    GpuSpec,
-    MigInstanceSpec,
-    MigNodeSpec,
+from bench.e2e_latency_pods import (
+    NAMESPACE,
+    PHASES,
+    PROFILES,
+    Sample,
+    lay_out,
+    offer_pod,
+    reactive_pod,
 )
 from migpart.demo.cluster import LocalCluster
-from migpart.dra import DRIVER, INSTANCE_READY, allocation_results, awaiting_binding, ours
-from migpart.kube.objects import patch_mignode_spec
-from migpart.mig import device_name
+from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
-from migpart.testing.builders import POOL_LABEL, ClaimBuilder, PodBuilder, PolicyBuilder, profile_is
+from migpart.testing.builders import POOL_LABEL, PolicyBuilder
 
-PROFILES = ["3g.40gb", "1g.10gb", "2g.20gb", "1g.20gb", "4g.40gb", "7g.80gb"]
 # offer-existing: the free instances laid out on GPU 0 (memory slices 4-7, 0-1, 2), which
 # its pods take
 EXISTING = (("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2))
-NAMESPACE = "bench"
 TARGET_P50_S = 3.0
 MODES = ("reactive", "offer-new", "offer-existing")
-PHASES = {
-    "reactive": (
-        "unschedulable",
-        "batching",
-        "planning",
-        "protocol",
-        "agent",
-        "publish",
-        "scheduler",
-        "kubelet",
-    ),
-    "offer-new": ("allocated", "relay", "agent", "ready", "bound", "kubelet"),
-    "offer-existing": ("allocated", "bound", "kubelet"),
-}
-
-
-@dataclass(frozen=True)
-class Sample:
-    total: float
-    phases: dict[str, float]
-    # offer mode: the pod was marked Unschedulable on the way (it went the reactive way)
-    unschedulable: bool = False
-    # offer mode: the claim was allocated a placement not created yet (binding conditions)
-    placement: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,264 +123,7 @@ class Outcome:
     skipped: str = ""
 
 
-# ------------------------------------------------------------------------------ reactive
-
-
-async def reactive_pod(api: client.ApiClient, node: str, i: int) -> Sample:
-    core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
-    custom = client.CustomObjectsApi(api)
-    profile = PROFILES[i % len(PROFILES)]
-    name = f"{node}-{i}"
-    template: Any = ClaimBuilder(name).request(profile_is(profile)).template()
-    await res.create_namespaced_resource_claim_template(NAMESPACE, template)
-    before = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
-    old_plan = (before.get("spec") or {}).get("planId")
-    published = await slice_devices(res, node)
-    pod: Any = PodBuilder(name).claim_template(name).node_selector({POOL_LABEL: node}).ends().obj()
-    t0 = time.monotonic()
-    await core.create_namespaced_pod(NAMESPACE, pod)
-    t_unschedulable = t_withdrawn = t_plan = t_agent = t_slice = t_bound = t_running = 0.0
-    new_plan = None
-    while not t_running:
-        now = time.monotonic()
-        if now - t0 > 120:
-            raise TimeoutError(f"pod {name} not served in 120 s")
-        # each state is stamped when the read that shows it returns
-        mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
-        seen = time.monotonic()
-        plan = (mn.get("spec") or {}).get("planId")
-        if not t_plan and plan and plan != old_plan:
-            t_plan, new_plan = seen, plan
-        if t_plan and not t_agent and (mn.get("status") or {}).get("observedPlanId") == new_plan:
-            t_agent = seen
-        if not t_plan and not t_withdrawn and published - await slice_devices(res, node):
-            t_withdrawn = time.monotonic()
-        if t_agent and not t_slice:
-            names = await slice_devices(res, node)
-            if any(n.split("-")[2] == profile.replace(".", "") for n in names):
-                t_slice = time.monotonic()
-        body = await core.read_namespaced_pod(name, NAMESPACE)
-        seen = time.monotonic()
-        if not t_unschedulable and unschedulable(body):
-            t_unschedulable = seen
-        if body.status.phase == "Running":
-            t_running = seen
-            t_bound = t_bound or seen
-        elif not t_bound and body.spec.node_name and body.status.resource_claim_statuses:
-            claim = await res.read_namespaced_resource_claim(
-                body.status.resource_claim_statuses[0].resource_claim_name, NAMESPACE
-            )
-            if claim.status and claim.status.allocation:
-                t_bound = time.monotonic()
-        await asyncio.sleep(0.05)
-    await core.delete_namespaced_pod(name, NAMESPACE)
-    await wait_unprepared(api, node, name)
-    planning = await plan_seconds(custom, node, new_plan) if new_plan else 0.0
-    t_plan = t_plan or t_bound
-    # polled: a step seen in the same poll as a later one counts as done when that one was
-    t_withdrawn = min(t_withdrawn or t_plan, t_plan)
-    t_unschedulable = min(t_unschedulable or t_withdrawn, t_withdrawn)
-    t_agent = t_agent or t_plan
-    t_slice = t_slice or t_agent
-    values = (
-        t_unschedulable - t0,
-        max(0.0, t_withdrawn - t_unschedulable - planning),
-        planning,
-        t_plan - t_withdrawn,
-        t_agent - t_plan,
-        t_slice - t_agent,
-        t_bound - t_slice,
-        t_running - t_bound,
-    )
-    return Sample(t_running - t0, dict(zip(PHASES["reactive"], values, strict=True)))
-
-
-async def slice_devices(res: client.ResourceV1Api, node: str) -> set[str]:
-    slices = await res.list_resource_slice(field_selector=f"spec.nodeName={node}")
-    return {d.name for s in slices.items for d in s.spec.devices or []}
-
-
-async def plan_seconds(custom: client.CustomObjectsApi, policy: str, plan_id: str) -> float:
-    """How long the planner took for `plan_id`, from the policy's status.lastPlan.
-
-    The status is written after the spec, so it can lag the pod being bound by a moment.
-    """
-    for _ in range(200):
-        body = await custom.get_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, policy)
-        last = (body.get("status") or {}).get("lastPlan") or {}
-        if last.get("planId") == plan_id:
-            return float(last["durationMillis"]) / 1000
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"policy {policy} never reported plan {plan_id} in status.lastPlan")
-
-
-# ------------------------------------------------------------------------------ offer mode
-
-
-async def offer_pod(api: client.ApiClient, node: str, name: str, profile: str, new: bool) -> Sample:
-    """One pod of an offer series (`new`: offer-new's phases, else offer-existing's)."""
-    core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
-    custom = client.CustomObjectsApi(api)
-    template: Any = ClaimBuilder(name).request(profile_is(profile)).template()
-    await res.create_namespaced_resource_claim_template(NAMESPACE, template)
-    pod: Any = PodBuilder(name).claim_template(name).node_selector({POOL_LABEL: node}).ends().obj()
-    order = PHASES["offer-new" if new else "offer-existing"]
-    seen: dict[str, float] = {}
-    device = ""
-    placement = went_reactive = False
-    t0 = time.monotonic()
-    await core.create_namespaced_pod(NAMESPACE, pod)
-    while "kubelet" not in seen:
-        if time.monotonic() - t0 > 120:
-            raise TimeoutError(f"pod {name} not served in 120 s")
-        # read in the order things happen: claim, MigNode, pod; stamped when the read returns
-        if "ready" not in seen and not (device and not new):
-            claims = await res.list_namespaced_resource_claim(NAMESPACE)
-            stamp = time.monotonic()
-            for item in claims.items:  # the pod's claim: the previous one is gone
-                claim = api.sanitize_for_serialization(item)
-                for result in ours(allocation_results(claim), node):
-                    seen.setdefault("allocated", stamp)
-                    device = result.device
-                    placement = any(d.device == device for d in awaiting_binding(claim))
-                if device and new and ready(claim, device):
-                    seen["ready"] = stamp
-        if new and device and "agent" not in seen:
-            mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
-            stamp = time.monotonic()
-            if device in wanted(mn):
-                seen.setdefault("relay", stamp)
-            if device in created(mn):
-                seen["agent"] = stamp
-        body = await core.read_namespaced_pod(name, NAMESPACE)
-        stamp = time.monotonic()
-        went_reactive = went_reactive or unschedulable(body)
-        if body.spec.node_name:
-            seen.setdefault("bound", stamp)
-        if body.status.phase == "Running":
-            seen["kubelet"] = stamp
-        await asyncio.sleep(0.05)
-    events = await core.list_namespaced_event(
-        NAMESPACE, field_selector=f"involvedObject.name={name},reason=FailedScheduling"
-    )
-    went_reactive = went_reactive or bool(events.items)
-    await core.delete_namespaced_pod(name, NAMESPACE)
-    await wait_unprepared(api, node, name)
-    return Sample(seen["kubelet"] - t0, phases(t0, seen, order), went_reactive, placement)
-
-
-def phases(t0: float, seen: Mapping[str, float], order: Sequence[str]) -> dict[str, float]:
-    """Durations of the phases in `order` from the moment each was seen to end; a phase not
-    seen, or seen after a later one (polled), ends when the next one did."""
-    ends: dict[str, float] = {}
-    later = seen[order[-1]]
-    for name in reversed(order):
-        later = min(seen.get(name, later), later)
-        ends[name] = later
-    out: dict[str, float] = {}
-    start = t0
-    for name in order:
-        out[name] = ends[name] - start
-        start = ends[name]
-    return out
-
-
-def ready(claim: Mapping[str, Any], device: str) -> bool:
-    """Whether the claim's status.devices says `device` is ready (the relay's condition)."""
-    return any(
-        c.get("type") == INSTANCE_READY and c.get("status") == "True"
-        for d in (claim.get("status") or {}).get("devices") or []
-        if d.get("driver") == DRIVER and d.get("device") == device
-        for c in d.get("conditions") or []
-    )
-
-
-def wanted(mignode: Mapping[str, Any]) -> set[str]:
-    """The device names of the instances the MigNode spec wants."""
-    return {
-        device_name(g["index"], i["profile"], i["start"])
-        for g in (mignode.get("spec") or {}).get("gpus") or []
-        for i in g.get("instances") or []
-    }
-
-
-def created(mignode: Mapping[str, Any], free: bool = False) -> set[str]:
-    """The device names of the instances the agent reports created (`free`: and Free)."""
-    return {
-        device_name(g["index"], i["profile"], i["start"])
-        for g in (mignode.get("status") or {}).get("gpus") or []
-        for i in g.get("instances") or []
-        if i.get("uuid") and (i.get("state") == "Free" or not free)
-    }
-
-
-async def pool(api: client.ApiClient, node: str) -> list[dict[str, Any]]:
-    """Every device of our slices of the node."""
-    slices = await client.ResourceV1Api(api).list_resource_slice(
-        field_selector=f"spec.nodeName={node}"
-    )
-    return [
-        api.sanitize_for_serialization(d)
-        for s in slices.items
-        if s.spec.driver == DRIVER
-        for d in s.spec.devices or []
-    ]
-
-
-async def lay_out(api: client.ApiClient, node: str, layout: Sequence[tuple[str, int]]) -> None:
-    """Make GPU 0 of the node hold exactly `layout`, free, and its pool list exactly those
-    instances (untainted) beside its offered placements; not timed. Writes the MigNode spec
-    (a merge patch: leaderTerm stays) only if the node holds something else."""
-    custom = client.CustomObjectsApi(api)
-    want = {device_name(0, profile, start) for profile, start in layout}
-    mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
-    if created(mn) == want == created(mn, free=True):
-        return
-    plan = f"bench-{time.monotonic_ns()}"
-    instances = [MigInstanceSpec(profile=profile, start=start) for profile, start in layout]
-    await patch_mignode_spec(
-        api, node, MigNodeSpec(plan_id=plan, gpus=[GpuSpec(index=0, instances=instances)])
-    )
-    for _ in range(1200):
-        mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
-        status = mn.get("status") or {}
-        if status.get("observedPlanId") == plan and created(mn, free=True) == want:
-            devices = await pool(api, node)
-            listed = {d["name"] for d in devices if d["attributes"]["created"]["bool"]}
-            if listed == want and not any(d.get("taints") for d in devices):
-                return
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"node {node} did not come to layout {sorted(want)} in 120 s")
-
-
 # ------------------------------------------------------------------------------ series
-
-
-def unschedulable(pod: Any) -> bool:
-    return any(
-        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-        for c in pod.status.conditions or []
-    )
-
-
-async def wait_unprepared(api: client.ApiClient, node: str, pod: str) -> None:
-    """Until the deleted pod and its claim are gone and no instance of the node is still
-    prepared."""
-    core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
-    custom = client.CustomObjectsApi(api)
-    for _ in range(1200):
-        pods = await core.list_namespaced_pod(NAMESPACE, field_selector=f"metadata.name={pod}")
-        claims = await res.list_namespaced_resource_claim(NAMESPACE)
-        mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
-        states = [
-            i["state"]
-            for g in (mn.get("status") or {}).get("gpus", [])
-            for i in g.get("instances", [])
-        ]
-        if not pods.items and not claims.items and all(s == "Free" for s in states):
-            return
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"pod {pod} or its claim still there, or its instance prepared, after 120 s")
 
 
 async def run_series(cluster: LocalCluster, series: Series, pods: int) -> list[Sample]:
