@@ -63,13 +63,7 @@ from signal import SIGINT, SIGTERM
 from typing import Any
 
 from bench import scale_offer, scale_pairs
-from bench.scale_cluster import (
-    AGENTS_NICE,
-    GPUS_PER_NODE,
-    H100,
-    SCHEDULER_QPS,
-    SEED,
-)
+from bench.scale_cluster import AGENTS_NICE, GPUS_PER_NODE, H100, SCHEDULER_QPS, SEED
 from bench.scale_report import growth, report, targets
 from bench.scale_run import run_size
 from migpart.testbed import build

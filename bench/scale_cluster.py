@@ -1,32 +1,31 @@
 """bench/scale.py's cluster: its objects (nodes, the seeded workload, the claims, pods and
-policies), the processes it measures (/proc), raw API calls and watches, what it follows
-(MigNodes, claims, Leases, pods) and the calls that create the burst."""
+policies), what it follows (MigNodes, claims, Leases, pods) and the calls that create the
+burst. The processes it measures: bench/scale_processes.py; raw API calls and watches:
+bench/scale_api.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import re
-import resource
-import subprocess
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 
+from bench.scale_api import raw
 from migpart.api.leases import LEASE_DURATION_S, lease_node
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.api.selectors import MANAGED_LABEL
 from migpart.dra import INSTANCE_READY, awaiting_binding
 from migpart.testbed import Testbed
-from migpart.testbed.run import ready_node_status, terminate_all
+from migpart.testbed.run import ready_node_status
 from migpart.testing.builders import (
     POOL_LABEL,
     ClaimBuilder,
@@ -54,7 +53,6 @@ SEED = 7
 # The operator is quiet when it used less than this share of a core over QUIET_WINDOW_S.
 QUIET_CORES = 0.05
 QUIET_WINDOW_S = 2.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 # kube-scheduler's own API client limit (default 50 requests/s) would bind at most ~15 pods/s
 # here (a claim status write, a binding and events per pod): the scheduler's setting, not
 # migpart's speed. Large clusters raise it; so does this benchmark, and says so.
@@ -158,158 +156,6 @@ def policy_body(pool: str, nodes: int, allocation: str | None = None) -> dict[st
     if allocation is not None:
         policy.spec(allocation=allocation)
     return policy.spec(reconfiguration=reconfiguration).obj()
-
-
-# ---------------------------------------------------------------- processes and /proc
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc/<pid>/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()  # fields from the 3rd (state) on
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def memory_mib(pid: int) -> tuple[float, float]:
-    """(peak, current) resident set of a process in MiB: VmHWM and VmRSS."""
-    values = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmHWM", "VmRSS"):
-            values[key] = int(rest.split()[0]) / 1024  # kB
-    return values.get("VmHWM", 0.0), values.get("VmRSS", 0.0)
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-@dataclass
-class Children:
-    """The processes this benchmark starts besides the testbed; `stop()` ends all of them."""
-
-    logs: Path
-    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=dict)
-
-    def spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> int:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log = (self.logs / f"{name}.log").open("ab")
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-        self.procs[name] = (proc, log)
-        return proc.pid
-
-    def pid(self, name: str) -> int:
-        return self.procs[name][0].pid
-
-    def check_alive(self) -> None:
-        for name, (proc, _) in self.procs.items():
-            if proc.poll() is not None:
-                log = self.logs / f"{name}.log"
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-                raise RuntimeError(f"{name} exited with {proc.returncode}; {log}:\n{tail}")
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        terminate_all(list(self.procs.values()), grace_s)
-        self.procs.clear()
-
-    def stop_one(self, name: str, grace_s: float = 10.0) -> None:
-        """End one child (SIGTERM, the grace period, SIGKILL); the others run on."""
-        entry = self.procs.pop(name, None)
-        if entry is not None:
-            terminate_all([entry], grace_s)
-
-
-# ---------------------------------------------------------------- API calls, raw
-
-
-class ApiError(RuntimeError):
-    """An error status from the API server (raw calls do not raise the client's own)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-    @property
-    def transient(self) -> bool:
-        return self.status == 429 or self.status >= 500
-
-
-async def raw(call: Awaitable[Any]) -> dict[str, Any]:
-    """Await a generated client call made with `_preload_content=False`; fail on an error
-    status, return the JSON body. Raw JSON spares the harness the client's model objects,
-    whose CPU would be taken from the components measured on the same two cores."""
-    resp = await call
-    try:
-        data = await resp.read()
-        if not 200 <= resp.status < 300:
-            what = f"{resp.method} {resp.url.path}: {resp.status} {data[:300]!r}"
-            raise ApiError(resp.status, what)
-        body: dict[str, Any] = json.loads(data) if data else {}
-        return body
-    finally:
-        resp.release()
-
-
-async def follow(
-    list_call: Callable[..., Awaitable[Any]],
-    on_event: Callable[[str, dict[str, Any]], None],
-    *args: Any,
-) -> None:
-    """List, then watch forever (raw JSON), calling `on_event(type, object)` for every object
-    of the list ("ADDED") and every event; lists again when the watch expires (410) and
-    retries after a transient error (e.g. a new CRD's storage still initializing)."""
-    while True:
-        try:
-            await _follow(list_call, on_event, *args)
-        except ApiError as err:
-            if not err.transient:
-                raise
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(1.0)
-
-
-async def _follow(
-    list_call: Callable[..., Awaitable[Any]],
-    on_event: Callable[[str, dict[str, Any]], None],
-    *args: Any,
-) -> None:
-    while True:
-        listed = await raw(list_call(*args, _preload_content=False))
-        for obj in listed["items"]:
-            on_event("ADDED", obj)
-        version = listed["metadata"]["resourceVersion"]
-        while version:
-            resp = await list_call(
-                *args,
-                watch=True,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=600,
-                _preload_content=False,
-            )
-            try:
-                if not 200 <= resp.status < 300:
-                    raise ApiError(resp.status, f"watch {resp.url.path}: {resp.status}")
-                async for line in resp.content:
-                    event = json.loads(line)
-                    if event["type"] == "ERROR":
-                        version = ""  # gone: list again
-                        break
-                    version = event["object"]["metadata"]["resourceVersion"]
-                    if event["type"] != "BOOKMARK":
-                        on_event(event["type"], event["object"])
-            finally:
-                resp.release()
 
 
 # ---------------------------------------------------------------- what the harness follows

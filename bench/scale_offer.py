@@ -32,14 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bench.scale_cluster import (
-    MERGE_PATCH,
-    POOLS,
-    Tracker,
-    node_names,
-    policy_name,
-    raw,
-)
+from bench.scale_api import raw
+from bench.scale_cluster import MERGE_PATCH, POOLS, Tracker, node_names, policy_name
 from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
 from migpart.dra import DRIVER
 from migpart.testbed.build import kube_version

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from bench.scale_api import raw
 from bench.scale_cluster import (
     CREATE_CONCURRENCY,
     MIGNODES,
@@ -38,7 +39,6 @@ from bench.scale_cluster import (
     create_node,
     node_labels,
     node_names,
-    raw,
 )
 from bench.scale_run import Size
 from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION

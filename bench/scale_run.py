@@ -33,6 +33,7 @@ from kubernetes_asyncio.client import (
 )
 
 from bench import scale_offer
+from bench.scale_api import ApiError, follow, raw
 from bench.scale_cluster import (
     AGENTS_NICE,
     AUDIT_POLICY,
@@ -44,28 +45,22 @@ from bench.scale_cluster import (
     POOLS,
     QUIET_CORES,
     QUIET_WINDOW_S,
-    ApiError,
-    Children,
     LeaseGaps,
     Monitor,
     PodPlan,
     Tracker,
     audit_requests,
     bounded,
-    cpu_seconds,
     create_node,
     create_pod,
-    follow,
-    memory_mib,
     missing_at_end,
     node_labels,
     node_names,
-    own_cpu_seconds,
     policy_body,
-    raw,
     scheduler_attempts,
     workload,
 )
+from bench.scale_processes import Children, cpu_seconds, memory_mib, own_cpu_seconds
 from bench.scale_report import Burst, Result
 from migpart.api.leases import LEASE_NAMESPACE
 from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
