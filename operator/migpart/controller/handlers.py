@@ -38,6 +38,7 @@ from migpart.controller.effects import KubeEffects
 from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
 from migpart.controller.indexes import (
     WATCHED,
+    Indexes,
     cluster_now,
     state_of,
     watch_index,
@@ -203,7 +204,7 @@ async def startup(
     watched["claims_index"] = RelayingIndex(relay, WATCHED["claims_index"].entry, state.wake_all)
     state.mignodes = mignodes
     state.watched = {**watched, "mignodes_index": mignodes}
-    state.indexes = state.watched
+    state.indexes = Indexes.of(mignodes, watched)
     state.tasks = [
         asyncio.create_task(await_crds(api, config.served, config.clock), name="await-crds"),
         asyncio.create_task(watch_leases(api, config.lease_namespace, health), name="leases"),

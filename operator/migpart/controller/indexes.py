@@ -75,16 +75,41 @@ class _Labels(Mapping[str, Mapping[str, str]]):
         return len(self._facts)
 
 
-def cluster_from(indexes: Mapping[str, Any]) -> Cluster:
+@dataclass(frozen=True)
+class Indexes:
+    """The live index views a round reads, each key -> the store of its values (a
+    `kube.watch.Index`; the tests' plain dicts of lists)."""
+
+    mignodes: Mapping[str, Any]
+    nodes: Mapping[str, Any]
+    policies: Mapping[str, Any]
+    claims: Mapping[str, Any]
+    waiting: Mapping[str, Any]
+    classes: Mapping[str, Any]
+
+    @staticmethod
+    def of(mignodes: Index, watched: Mapping[str, Index]) -> Indexes:
+        """The MigNode watch's index and the WATCHED ones, by their ids."""
+        return Indexes(
+            mignodes=mignodes,
+            nodes=watched["nodes_index"],
+            policies=watched["policies_index"],
+            claims=watched["claims_index"],
+            waiting=watched["waiting_index"],
+            classes=watched["classes_index"],
+        )
+
+
+def cluster_from(indexes: Indexes) -> Cluster:
     """The round's view of the cluster, read from the live indexes."""
-    nodes: dict[str, NodeFacts] = _flatten(indexes["nodes_index"])
+    nodes: dict[str, NodeFacts] = _flatten(indexes.nodes)
     return Cluster(
-        mignodes=_flatten(indexes["mignodes_index"]),
+        mignodes=_flatten(indexes.mignodes),
         node_labels=_Labels(nodes),
-        policies=_flatten(indexes["policies_index"]),
-        claims=_flatten(indexes["claims_index"]),
-        waiting={str(k): tuple(store) for k, store in indexes["waiting_index"].items()},
-        device_classes=_flatten(indexes["classes_index"]),
+        policies=_flatten(indexes.policies),
+        claims=_flatten(indexes.claims),
+        waiting={str(k): tuple(store) for k, store in indexes.waiting.items()},
+        device_classes=_flatten(indexes.classes),
         node_facts=nodes,
     )
 

@@ -7,7 +7,7 @@ the slices) holds the truth, and each round recomputes its decisions from it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from migpart.kube.watch import Index
 from migpart.planning.model import Plan, Request
 
 if TYPE_CHECKING:
+    from migpart.controller.indexes import Indexes
     from migpart.controller.offer_relay import OfferRelay
 
 # How long a quorum-read sighting of an allocation stands in for the claim watch (which
@@ -139,8 +140,8 @@ class OperatorState:
     plans: dict[str, tuple[PlanInputs, Plan]] = field(default_factory=dict)
     # one planning loop per policy (loop.plan_policy)
     workers: Workers = field(default_factory=Workers)
-    # the live index views (id -> index) the loops read: `watched`, set at startup
-    indexes: Mapping[str, Any] | None = None
+    # the live index views the loops read (the MigNode watch's and `watched`), set at startup
+    indexes: Indexes | None = None
     # the indexes kept by the operator's own watches (controller.indexes.WATCHED), and the
     # MigNode watch's under `mignodes_index`
     watched: dict[str, Index] = field(default_factory=dict)

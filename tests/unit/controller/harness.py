@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from migpart.clock import ManualClock
-from migpart.controller.indexes import object_entry
+from migpart.controller.indexes import Indexes, object_entry
 from migpart.controller.offer_relay import OfferRelay
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
@@ -34,17 +34,19 @@ async def run(state: OperatorState, cluster: Cluster) -> PolicyRound:
 
 
 def indexed(state: OperatorState, cluster: Cluster) -> OperatorState:
-    """`state` with kopf-like index views of `cluster` (index id -> key -> stored values)."""
-    one_each: dict[str, Mapping[str, Any]] = {
-        "mignodes_index": cluster.mignodes,
-        "nodes_index": cluster.node_facts,
-        "policies_index": cluster.policies,
-        "claims_index": cluster.claims,
-        "classes_index": cluster.device_classes,
-    }
-    indexes = {index: {k: [v] for k, v in values.items()} for index, values in one_each.items()}
-    indexes["waiting_index"] = {k: list(v) for k, v in cluster.waiting.items()}
-    state.indexes = indexes
+    """`state` with index views of `cluster` (key -> stored values)."""
+
+    def one_each(values: Mapping[str, Any]) -> dict[str, list[Any]]:
+        return {k: [v] for k, v in values.items()}
+
+    state.indexes = Indexes(
+        mignodes=one_each(cluster.mignodes),
+        nodes=one_each(cluster.node_facts),
+        policies=one_each(cluster.policies),
+        claims=one_each(cluster.claims),
+        waiting={k: list(v) for k, v in cluster.waiting.items()},
+        classes=one_each(cluster.device_classes),
+    )
     return state
 
 
