@@ -112,11 +112,11 @@ OPERATOR_NEEDS = {
     (GROUP, "mignodes/status", "patch"),
     ("coordination.k8s.io", "leases", "list"),
     ("coordination.k8s.io", "leases", "watch"),
-    # kube/election.py KubeLeaseStore: the election Lease
+    # kube/election_lease.py KubeLeaseStore: the election Lease
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),
-    # kopf.event (Repartitioning, DryRunPlan, DestroyAborted, RoundFailed, Unsatisfiable)
+    # kube/events.py post_event (Repartitioning, DryRunPlan, DestroyAborted, RoundFailed, ...)
     ("", "events", "create"),
     # kopf's resource observer
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
