@@ -108,13 +108,11 @@ e2e: venv proto tools testbed image
 gpu: venv proto
 	MIGPART_GPU=1 $(PY) -m pytest -m gpu tests/gpu tests/unit/agent
 
-# Unit tests once, then the integration and e2e suites on each Kubernetes version.
+# Unit tests once, then the integration and e2e suites on each Kubernetes version, the
+# versions side by side (hack/suites.sh; MIGPART_SUITES_SERIAL=1: one after the other).
 test: venv proto promtool tools testbed image
 	$(PY) -m pytest tests --ignore=tests/integration --ignore=tests/e2e
-	@for v in $(K8S_VERSIONS); do \
-		echo "== integration and e2e on Kubernetes $$v"; \
-		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/integration tests/e2e || exit 1; \
-	done
+	PY=$(PY) hack/suites.sh $(K8S_VERSIONS)
 
 bench: venv
 	$(PY) -m bench.planner

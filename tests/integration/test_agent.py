@@ -137,7 +137,8 @@ async def test_agent_creates_mignode_reports_and_converges(
         assert [i["profile"] for i in status["gpus"][1]["instances"]] == ["7g.80gb"]
         assert status["summary"] == {"gpus": 2, "instances": 4, "free": 4, "synced": True}
         ready = {c["type"]: c["status"] for c in status["conditions"]}
-        assert ready == {"Ready": "True", "Degraded": "False"}
+        # no other publisher of the node's GPUs (the overlap guard, migpart.agent.publishers)
+        assert ready == {"Ready": "True", "Degraded": "False", "PublisherOverlap": "False"}
         assert [(i.profile, i.start) for i in await sim.instances(1)] == [("7g.80gb", 0)]
 
         # a second plan that needs the first one's slices
