@@ -202,7 +202,6 @@ async def startup(
     watched = watched_indexes(state)
     relay = _wire_offers(state, config.offer_publishing, mignodes, config.offer_depth)
     watched["claims_index"] = RelayingIndex(relay, WATCHED["claims_index"].entry, state.wake_all)
-    state.mignodes = mignodes
     state.watched = {**watched, "mignodes_index": mignodes}
     state.indexes = Indexes.of(mignodes, watched)
     state.tasks = [

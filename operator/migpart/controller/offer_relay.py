@@ -167,7 +167,7 @@ class OfferRelay:
             self.settle(name)
 
     def settle_all(self) -> None:
-        index: Mapping[str, Any] = self.state.mignodes or {}
+        index = self.state.mignode_index()
         for name in sorted(set(self.claims) | {n for n in index if self.failing(n)}):
             self.settle(name)
 
@@ -263,7 +263,7 @@ class OfferRelay:
 
     def mignode(self, name: str) -> Body | None:
         """The newest body of MigNode `name`: the watch's, or our own last write if newer."""
-        index: Mapping[str, Any] = self.state.mignodes or {}
+        index = self.state.mignode_index()
         return newest_mignode(index, self.state.written, name)
 
     async def settle_now(self, name: str) -> None:

@@ -324,7 +324,7 @@ class PolicyRound:
         """Whether MigNode `name`'s spec is no longer the one this round planned on: the offer
         relay (controller/offer_relay.py) added an allocated placement to it meanwhile, which
         this round's spec would drop."""
-        index: Mapping[str, Any] = self.state.mignodes or {}
+        index = self.state.mignode_index()
         body = newest_mignode(index, self.state.written, name)
         if body is None:
             return False

@@ -7,7 +7,7 @@ the slices) holds the truth, and each round recomputes its decisions from it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -145,9 +145,6 @@ class OperatorState:
     # the indexes kept by the operator's own watches (controller.indexes.WATCHED), and the
     # MigNode watch's under `mignodes_index`
     watched: dict[str, Index] = field(default_factory=dict)
-    # the MigNode watch's index (controller.mignodes.MigNodeWatch), set at startup: what the
-    # offer relay and the rounds read a MigNode's newest body from (None: no watch yet)
-    mignodes: Index | None = None
     # the task that republishes every slice periodically (handlers.resync_slices)
     resync: asyncio.Task[None] | None = None
     # the operator's own tasks besides the resync: Lease watch, health checks, CRD wait
@@ -191,6 +188,11 @@ class OperatorState:
     def wake_all(self) -> None:
         self.changes += 1
         self.workers.wake_all()
+
+    def mignode_index(self) -> Mapping[str, Any]:
+        """The MigNode watch's index (controller.mignodes.MigNodeWatch): what the offer relay
+        and the rounds read a MigNode's newest body from (empty before startup set it)."""
+        return self.indexes.mignodes if self.indexes is not None else {}
 
     async def watched_synced(self) -> None:
         """Until every watched index has listed once it is not the cluster's: a round must

@@ -58,7 +58,8 @@ class RelayCluster:
         self.state: OperatorState = offline_state(self.effects)
         self.index = Index(object_entry)
         self.index.listed([mignode])
-        self.state.mignodes = self.index
+        empty: dict[str, Any] = {}
+        self.state.indexes = Indexes(self.index, empty, empty, empty, empty, empty)
         self.relay = OfferRelay(self.state)
         self.state.relay = self.relay
 
