@@ -11,6 +11,7 @@ schema of these models into the CRDs; keep the CEL rules below in step with the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
@@ -62,12 +63,15 @@ class Condition(_Model):
     observed_generation: NonNegative | None = None
 
 
+def condition_of(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    """The condition `type_`, or None when it is absent."""
+    return next((c for c in conditions if c.type == type_), None)
+
+
 def condition_status(conditions: list[Condition], type_: str) -> str | None:
     """The status of the condition `type_`, or None when it is absent."""
-    for c in conditions:
-        if c.type == type_:
-            return c.status
-    return None
+    found = condition_of(conditions, type_)
+    return found.status if found is not None else None
 
 
 # --------------------------------------------------------------------------- MigNode

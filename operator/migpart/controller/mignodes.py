@@ -40,6 +40,7 @@ from migpart.api.models import (
     VERSION,
     MigNode,
     MigNodeSpec,
+    condition_of,
     condition_status,
 )
 from migpart.controller.bodies import name_of
@@ -105,15 +106,13 @@ class MigNodeWatch(Index):
             state.stale_flagged.add(name)
         else:
             state.stale_flagged.discard(name)
-        overlap = next(
-            (
-                c.message or c.reason
-                for c in (status.conditions if status else ())
-                if c.type == PUBLISHER_OVERLAP and c.status == "True"
-            ),
-            None,
+        overlap = condition_of(status.conditions, PUBLISHER_OVERLAP) if status else None
+        held = overlap is not None and overlap.status == "True"
+        state.health.mignode(
+            name,
+            status.kubelet_plugin if status else None,
+            (overlap.message or overlap.reason) if held and overlap else None,
         )
-        state.health.mignode(name, status.kubelet_plugin if status else None, overlap)
         self.repair(name, view.node)
         self.publish(name)
         if state.relay is not None:

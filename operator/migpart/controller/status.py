@@ -17,6 +17,7 @@ from migpart.api.models import (
     GpuPartitionPolicyStatus,
     LastPlan,
     UnavailableNode,
+    condition_of,
 )
 from migpart.controller.bodies import uid_of
 from migpart.controller.scope import Scope
@@ -46,7 +47,7 @@ def previous_status(body: Body, written: Written | None = None) -> GpuPartitionP
 def ready_condition(
     status: str, reason: str, message: str, previous: list[Condition], now: str
 ) -> Condition:
-    old = next((c for c in previous if c.type == "Ready"), None)
+    old = condition_of(previous, "Ready")
     same = old is not None and old.status == status
     return Condition(
         type="Ready",
@@ -66,7 +67,7 @@ def excluded_condition(
 ) -> Condition:
     """`NodesExcluded`: True while nodes the selector matches are left out of planning
     (controller/screening.py), naming each and why."""
-    old = next((c for c in previous if c.type == "NodesExcluded"), None)
+    old = condition_of(previous, "NodesExcluded")
     status = "True" if excluded else "False"
     message = "; ".join(f"{name}: {why}" for name, why in sorted(excluded.items()))
     return Condition(

@@ -17,7 +17,7 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
 from migpart.api.leases import LEASE_LABELS, lease_node
-from migpart.api.models import Condition
+from migpart.api.models import Condition, condition_of
 from migpart.dra import now_iso
 from migpart.kube.watch import follow, label_selector
 
@@ -89,7 +89,7 @@ def stale_conditions(
 ) -> list[Condition] | None:
     """The MigNode's conditions with `Stale` set as told, or None when they already say so.
     An absent `Stale` condition means fresh: the agent's own status writes drop it."""
-    old = next((c for c in conditions if c.type == STALE), None)
+    old = condition_of(conditions, STALE)
     if (old is None and not stale) or (old is not None and old.status == str(stale)):
         return None
     condition = Condition(
