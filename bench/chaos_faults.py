@@ -14,9 +14,10 @@ operator that was not the leader (bench/chaos.py runs them).
 
 Who wrote is read from the objects: every operator sends its election identity in its user
 agent, so `managedFields[].manager` says `migpart-operator-<identity>` with the time of its
-latest write. `ElectionMonitor` keeps, from the Lease polled every second, when each identity
-held it, and counts every write stamped outside those times (with a slack for the Lease's
-one-second polling and the managedFields' one-second resolution) as a non-leader write.
+latest write. `ElectionMonitor` keeps, from a watch on the Lease (every version, resumed
+across API server restarts), each identity's terms, and counts every write stamped outside
+them as a non-leader write: after a term's last renewal, its holder may write for the
+fence's renew deadline and no longer.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import calendar
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -33,10 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
+from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.kube.election import MANAGER_PREFIX
+from migpart.kube.election import MANAGER_PREFIX, RENEW_DEADLINE_S
 from migpart.kube.election_lease import DEFAULT_NAMESPACE, LEASE_DURATION_S, LEASE_NAME
 
 ELECTION_FAULTS = ("second-operator", "operator-freeze", "agent-freeze", "apiserver-partition")
@@ -46,6 +50,8 @@ MANAGER = MANAGER_PREFIX
 OPERATOR_LEASE_S = LEASE_DURATION_S  # the operators' --leader-elect-lease-duration (default)
 AGENT_LEASE_S = 25.0  # the operator's --lease-timeout-seconds for the agents (its default)
 SLACK_S = 2.0
+# a write is judged once this old: the watch may deliver the renewal it follows late
+SETTLE_S = 15.0
 
 
 class Proxy:
@@ -140,31 +146,40 @@ def _micro_epoch(stamp: Any) -> float | None:
 
 @dataclass
 class ElectionMonitor:
-    """When each operator identity held the election Lease (seen by polling), and the writes
-    stamped outside those times."""
+    """The terms each operator identity held the election Lease for, from every version of the
+    Lease (`ElectionFaults.follow` watches it), and the writes stamped outside them.
 
-    # identity -> [first seen holding, last seen holding] (epoch s), one per stretch
-    held: dict[str, list[list[float]]] = field(default_factory=dict)
+    A term is (holder, acquireTime). The fence's contract (kube/election.py) is that a holder
+    writes only until `renew_deadline` after the start of its last successful renewal, whose
+    wall time the record's `renewTime` is: a write by `identity` at `t` is the leader's when
+    one of its terms has `acquireTime <= t <= renewTime + RENEW_DEADLINE_S` (with the slack
+    of the managedFields' one-second resolution). No polling decides it, so a term that began
+    and ended while the harness was busy elsewhere is still known. A write is judged once
+    `SETTLE_S` old (the watch may deliver the renewal before it late), and all at the end."""
+
+    # (identity, acquired epoch s) -> the latest renewTime seen of that term (epoch s)
+    terms: dict[tuple[str, float], float] = field(default_factory=dict)
     last_holder: str = ""
+    # (identity, object name, managedFields time) -> epoch s: every write seen
+    writes: dict[tuple[str, str, str], float] = field(default_factory=dict)
     violations: set[str] = field(default_factory=set)
 
     def lease_seen(self, spec: dict[str, Any], now: float) -> None:
-        """A look at the Lease at `now`. A stretch starts at the Lease's `acquireTime` where it
-        has one: the look may come seconds after the take-over when the API server was down
-        (a write right after the take-over is the holder's, not a stranger's)."""
+        """One version of the Lease, seen at `now` (its times where the record has them)."""
         holder = str(spec.get("holderIdentity") or "")
-        if holder:
-            stretches = self.held.setdefault(holder, [])
-            if holder == self.last_holder and stretches:
-                stretches[-1][1] = now
-            else:
-                acquired = _micro_epoch(spec.get("acquireTime"))
-                stretches.append([min(now, acquired or now), now])
         self.last_holder = holder
+        if not holder:
+            return
+        acquired = _micro_epoch(spec.get("acquireTime"))
+        renewed = _micro_epoch(spec.get("renewTime"))
+        key = (holder, acquired if acquired is not None else now)
+        self.terms[key] = max(self.terms.get(key, 0.0), renewed if renewed is not None else now)
 
     def leading_at(self, identity: str, at: float) -> bool:
         return any(
-            start - SLACK_S - 1 <= at <= end + SLACK_S for start, end in self.held.get(identity, [])
+            start - SLACK_S - 1 <= at <= renewed + RENEW_DEADLINE_S + SLACK_S
+            for (holder, start), renewed in self.terms.items()
+            if holder == identity
         )
 
     def writes_seen(self, bodies: list[dict[str, Any]]) -> None:
@@ -172,11 +187,19 @@ class ElectionMonitor:
             name = (body.get("metadata") or {}).get("name", "")
             for entry in (body.get("metadata") or {}).get("managedFields") or []:
                 manager = str(entry.get("manager", ""))
-                if not manager.startswith(MANAGER) or not entry.get("time"):
-                    continue
-                identity, at = manager.removeprefix(MANAGER), _epoch(entry["time"])
+                if manager.startswith(MANAGER) and entry.get("time"):
+                    identity = manager.removeprefix(MANAGER)
+                    self.writes[(identity, name, entry["time"])] = _epoch(entry["time"])
+
+    def judge(self, now: float = math.inf) -> set[str]:
+        """The writes older than `SETTLE_S` at `now` (all by default) not made in a term of
+        their writer: added to `violations`, which is returned."""
+        for (identity, name, stamp), at in list(self.writes.items()):
+            if at <= now - SETTLE_S:
+                del self.writes[(identity, name, stamp)]
                 if not self.leading_at(identity, at):
-                    self.violations.add(f"{identity} wrote {name} at {entry['time']}")
+                    self.violations.add(f"{identity} wrote {name} at {stamp}")
+        return self.violations
 
 
 class MainOperator:
@@ -208,12 +231,43 @@ class ElectionFaults:
     def cluster(self) -> Any:
         return self.chaos.cluster
 
-    async def look(self, coordination: Any, resource: Any) -> None:
-        """One look at the Lease (the chaos monitor calls it every second)."""
-        lease = await _raw(coordination.read_namespaced_lease, LEASE, LEASE_NAMESPACE)
-        self.monitor.lease_seen(lease.get("spec") or {}, time.time())
+    async def follow(self, coordination: Any) -> None:
+        """Every version of the Lease into the monitor, for as long as the harness runs: a
+        watch resumed at the last version seen, read again when the API server has no
+        history that old (410) or the Lease does not exist yet."""
+        version = ""
+        while True:
+            try:
+                if not version:
+                    lease = await _raw(coordination.read_namespaced_lease, LEASE, LEASE_NAMESPACE)
+                    self.monitor.lease_seen(lease.get("spec") or {}, time.time())
+                    version = lease["metadata"]["resourceVersion"]
+                async with watch.Watch() as stream:
+                    async for event in stream.stream(
+                        coordination.list_namespaced_lease,
+                        LEASE_NAMESPACE,
+                        field_selector=f"metadata.name={LEASE}",
+                        resource_version=version,
+                        timeout_seconds=60,
+                    ):
+                        raw = event.get("raw_object") or {}
+                        if event.get("type") == "ERROR":
+                            version = ""
+                            break
+                        self.monitor.lease_seen(raw.get("spec") or {}, time.time())
+                        version = raw["metadata"]["resourceVersion"]
+            except ApiException as err:
+                if err.status == 410:
+                    version = ""
+                await asyncio.sleep(0.5)
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                await asyncio.sleep(0.5)  # the API server restarts: resume at `version`
+
+    async def look(self, resource: Any) -> None:
+        """One look at the writes (the chaos monitor calls it every pass)."""
         slices = await _raw(resource.list_resource_slice)
         self.monitor.writes_seen([*self.chaos.mignodes.values(), *slices.get("items", [])])
+        self.monitor.judge(time.time())
 
     def _spawn(self, role: str) -> str:
         self._spawned += 1

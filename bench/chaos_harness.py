@@ -165,7 +165,7 @@ class Chaos:
         for name, pod in self.pods.items():
             if pod.started is None and name not in self.deleted and now - pod.created > STUCK_S:
                 self.c.stuck.add(name)
-        await self.election.look(self.coordination, self.resource)
+        await self.election.look(self.resource)
         self.c.non_leader_writes |= self.election.monitor.violations
         slices = await self.resource.list_resource_slice()
         self.slices = {}
@@ -382,6 +382,7 @@ class Chaos:
         start = time.monotonic()
         stream_end = start + self.args.duration
         faults = asyncio.create_task(self.faults(stream_end))
+        lease = asyncio.create_task(self.election.follow(self.coordination))
         queue = sorted(pods, key=lambda p: p.created_s)
         last_report = 0.0
         while True:
@@ -405,4 +406,9 @@ class Chaos:
             await asyncio.sleep(0.5)
         faults.cancel()
         await asyncio.gather(faults, return_exceptions=True)
+        with contextlib.suppress(client.ApiException, aiohttp.ClientError, TimeoutError):
+            await self.election.look(self.resource)
+        lease.cancel()
+        await asyncio.gather(lease, return_exceptions=True)
+        self.c.non_leader_writes |= self.election.monitor.judge()
         await self.kubelet.close()

@@ -68,6 +68,7 @@ def pages(cluster: Testbed, tmp_path: Path) -> Iterator[dict[str, str]]:
     """The /metrics pages of a running operator and agent, once the agent has created the
     policy's spare instance."""
     local = LocalCluster(cluster, tmp_path)
+    local.install()  # the election Lease's namespace too: run alone, no other test made it
     operator_port, agent_port = free_port(), free_port()
     try:
         local.add_gpu_node(
@@ -84,9 +85,10 @@ def pages(cluster: Testbed, tmp_path: Path) -> Iterator[dict[str, str]]:
         local.wait_for("the operator ready", lambda: fetch(operator_port, "/readyz")[0] == 200)
         local.wait_for("the agent ready", lambda: fetch(agent_port, "/readyz")[0] == 200)
         created = f'migpart_agent_mig_operations_total{{kind="create",node="{NODE}"}} 1.0'
+        counted = f'migpart_agent_mig_instances{{node="{NODE}",profile="1g.10gb",state="Free"}} 1.0'
         local.wait_for(
-            "the spare instance created",
-            lambda: created in fetch(agent_port, "/metrics")[1],
+            "the spare instance created, and reported in the agent's status",
+            lambda: all(line in fetch(agent_port, "/metrics")[1] for line in (created, counted)),
             timeout_s=120,
         )
         local.wait_for(

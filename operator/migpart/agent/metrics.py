@@ -11,7 +11,8 @@ only when it happens): an alert on `increase()` then sees the first failure too.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Mapping
 from typing import get_args
 
 from aiohttp import web
@@ -103,21 +104,24 @@ class AgentMetrics:
         register_process_metrics(self.registry)
         self.ready = False
         self.alive = True
+        self._shown: dict[str, set[tuple[str, ...]]] = defaultdict(set)
 
     def observe_status(self, status: MigNodeStatus) -> None:
-        self.instances.clear()
-        self.gpu_instances.clear()
-        self.gpus.clear()
-        counts: Counter[tuple[str, str]] = Counter()
+        """Set the per-status series, then drop the ones the status no longer has (never
+        cleared first: a scrape in between would see no instance at all)."""
+        counts: Counter[tuple[str, ...]] = Counter()
+        per_gpu: dict[tuple[str, ...], int] = {}
         for gpu in status.gpus:
             per_state = Counter(inst.state for inst in gpu.instances)
             for state in get_args(InstanceStateName):
-                self.gpu_instances.labels(self.node, str(gpu.index), state).set(per_state[state])
+                per_gpu[(str(gpu.index), state)] = per_state[state]
             counts.update((inst.profile, inst.state) for inst in gpu.instances)
-        for (profile, state), n in counts.items():
-            self.instances.labels(self.node, profile, state).set(n)
-        for model, n in Counter(gpu.model for gpu in status.gpus).items():
-            self.gpus.labels(self.node, model).set(n)
+        models: dict[tuple[str, ...], int] = {
+            (model,): n for model, n in Counter(gpu.model for gpu in status.gpus).items()
+        }
+        _replace(self.instances, self.node, counts, self._shown["instances"])
+        _replace(self.gpu_instances, self.node, per_gpu, self._shown["gpu_instances"])
+        _replace(self.gpus, self.node, models, self._shown["gpus"])
         self.lost_gpus.labels(self.node).set(len(status.lost_gpus))
 
     def nvml_error(self, code: int | None) -> None:
@@ -171,3 +175,16 @@ class HealthServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+def _replace(
+    gauge: Gauge, node: str, values: Mapping[tuple[str, ...], int], shown: set[tuple[str, ...]]
+) -> None:
+    """Make `gauge`'s series of `node` exactly `values` (labels after the node's); `shown`
+    holds the label sets it had, and is updated."""
+    for labels, n in values.items():
+        gauge.labels(node, *labels).set(n)
+    for labels in shown - set(values):
+        gauge.remove(node, *labels)
+    shown.clear()
+    shown.update(values)

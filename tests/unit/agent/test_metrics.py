@@ -101,3 +101,24 @@ def test_process_metrics_are_served_by_each_agent() -> None:
         assert "process_cpu_seconds_total " in page
         assert "process_resident_memory_bytes " in page
         assert "python_info{" in page
+
+
+def test_a_status_replaces_the_series_of_the_last_one_without_clearing_them_first() -> None:
+    """Series the new status lacks are removed; series it keeps are never absent (a scrape
+    between a clear and a set would have seen no instance at all)."""
+    metrics = AgentMetrics("n1")
+    metrics.observe_status(MigNodeStatus(gpus=[gpu(0, ("1g.10gb", 0, "Free")), gpu(1)]))
+    removed: list[tuple[str, ...]] = []
+    remove = metrics.instances.remove
+    metrics.instances.remove = lambda *labels: (removed.append(labels), remove(*labels))[-1]  # type: ignore[method-assign]
+    metrics.observe_status(MigNodeStatus(gpus=[gpu(0, ("3g.40gb", 4, "Free"))]))
+    found = samples(metrics)
+    profiles = {
+        dict(labels)["profile"] for name, labels in found if name == "migpart_agent_mig_instances"
+    }
+    assert profiles == {"3g.40gb"}
+    assert removed == [("n1", "1g.10gb", "Free")]
+    assert not any(
+        name == "migpart_agent_gpu_mig_instances" and dict(labels)["gpu"] == "1"
+        for name, labels in found
+    )
