@@ -142,7 +142,15 @@ async def serve(
         allow_overlap=config.allow_publisher_overlap,
     )
     cdi = CdiWriter(config.cdi_dir, _caps_root(config))
-    driver = DraDriver(config.node, nvml, KubeClaims(api), checkpoint, cdi, on_change=agent.poke)
+    driver = DraDriver(
+        config.node,
+        nvml,
+        KubeClaims(api),
+        checkpoint,
+        cdi,
+        on_change=agent.poke,
+        offering=agent.offering,
+    )
     plugin = KubeletPlugin(driver, config.plugin_dir, config.registration_dir)
     if config.kubelet_plugin and config.report_registration:
         agent.registration = plugin.registration.status

@@ -44,7 +44,7 @@ from migpart.agent.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from migpart.agent.reconciler import create_locked
+from migpart.agent.reconciler import create_locked, make_room_locked
 from migpart.api.models import KubeletPluginStatus
 from migpart.dra import DRIVER, DeviceId, ours
 from migpart.errors import MigpartError
@@ -83,8 +83,12 @@ class DraDriver:
         checkpoint: Checkpoint,
         cdi: CdiWriter,
         on_change: Callable[[], None] | None = None,
+        offering: Callable[[], bool] = lambda: False,
     ) -> None:
         self.on_change = on_change  # tells the agent loop to report the new instance states
+        # whether the node's MigNode spec says Offer (`MigNodeSpec.allocation`): its pool
+        # lists every placement with counters, so prepare may destroy free instances in the way
+        self.offering = offering
         self.node = node
         self.backend = backend
         self.claims = claims
@@ -106,7 +110,8 @@ class DraDriver:
     async def _create_placement(self, device: str) -> None:
         """Create the MIG instance that `device` names if it is a placement on one of the
         node's GPUs (caller holds the checkpoint lock); raise PrepareError when it is none or
-        cannot be created."""
+        cannot be created. On an offering node, free instances in the way are destroyed first
+        (`make_room_locked`); elsewhere nothing is destroyed to make room."""
         for gpu in await self.backend.gpus():
             if not gpu.mig_enabled or gpu.lost:
                 continue
@@ -116,6 +121,12 @@ class DraDriver:
                     if device_name(gpu.index, profile.name, start) != device:
                         continue
                     inst = Instance(profile.name, start)
+                    if self.offering():
+                        blocked = await make_room_locked(
+                            self.backend, self.checkpoint, table, gpu.index, inst
+                        )
+                        if blocked is not None:
+                            raise PrepareError(f"device {device} not created yet: {blocked}")
                     failure = await create_locked(self.backend, table, gpu.index, inst)
                     if failure is not None:
                         raise PrepareError(f"device {device} not created: {failure.message}")

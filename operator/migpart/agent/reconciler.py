@@ -136,10 +136,12 @@ async def _converge(
     problems: list[str],
     failed: list[Failure],
     errors: list[int | None],
+    keep: bool = False,
 ) -> None:
-    """Make one GPU's instances `want`: free instances it does not list destroyed, then the
-    missing ones created; what was done, kept, refused or failed (with the NVML error codes)
-    is appended to the lists."""
+    """Make one GPU's instances `want`: free instances it does not list destroyed (with
+    `keep`, an offering node's, only half-made ones: the rest are kept for the next claim of
+    their placement), then the missing ones created; what was done, kept, refused or failed
+    (with the NVML error codes) is appended to the lists."""
     where = f"GPU {g.info.index}"
     if not g.info.mig_enabled:
         if want:
@@ -151,7 +153,7 @@ async def _converge(
         return
     # Destroy first: new instances usually need the memory slices the old ones hold.
     for inst in g.actual:
-        if _key(inst) in want and inst.ci_id is not None:
+        if inst.ci_id is not None and (keep or _key(inst) in want):
             continue
         name = f"{inst.profile}@{inst.start} on {where}"
         async with checkpoint.lock:
@@ -285,6 +287,45 @@ async def create_locked(
     return None
 
 
+async def make_room_locked(
+    backend: NvmlBackend, checkpoint: Checkpoint, table: ModelTable, gpu: int, inst: Instance
+) -> str | None:
+    """Destroy the free instances on `gpu` that `inst` would overlap, for an offering node's
+    prepare (the caller holds the checkpoint lock): its pool lists every placement with the
+    GPU's counters, so kube-scheduler allocated none of them while it allocated `inst`. An
+    overlapping instance that is prepared or running processes stops it: why, and nothing
+    destroyed (kubelet retries the prepare; its claim may be unprepared in a moment)."""
+    listed = await backend.instances(gpu)
+    if any(_key(i) == inst and i.ci_id is not None for i in listed):
+        return None
+    mask = table.profile(inst.profile).mask(inst.start) if table.has(inst.profile) else 0
+    clashes = [
+        i
+        for i in listed  # a half-made instance of `inst` itself (no compute instance) too
+        if table.has(i.profile) and table.profile(i.profile).mask(i.start) & mask
+    ]
+    for clash in clashes:  # every one checked before any is destroyed
+        reason = await _busy_reason(backend, checkpoint, clash)
+        if reason is not None:
+            return f"{clash.profile}@{clash.start} is in the way and {reason}"
+    for clash in clashes:
+        try:
+            await backend.destroy(gpu, clash.profile, clash.start)
+        except GpuBusy as err:
+            return f"{clash.profile}@{clash.start} is in the way and in use ({err})"
+        except NvmlFailure as err:
+            if err.code != pynvml.NVML_ERROR_NOT_FOUND:
+                raise
+        log.info(
+            "mig_instance_destroyed_for_prepare",
+            gpu=gpu,
+            profile=clash.profile,
+            start=clash.start,
+            placement=f"{inst.profile}@{inst.start}",
+        )
+    return None
+
+
 async def reconcile_once(
     spec: MigNodeSpec | None,
     backend: NvmlBackend,
@@ -295,6 +336,7 @@ async def reconcile_once(
 ) -> ReconcileResult:
     """Converge NVML towards `spec` once and return the resulting status and the ops done."""
     desired = spec.desired() if spec is not None else {}
+    offering = spec is not None and spec.allocation == "Offer"
     ops: list[Op] = []
     problems: list[str] = []
     kept: list[str] = []
@@ -310,12 +352,14 @@ async def reconcile_once(
         if want is None:
             continue
         try:
-            await _converge(g, want, backend, checkpoint, ops, kept, problems, failed, errors)
+            await _converge(
+                g, want, backend, checkpoint, ops, kept, problems, failed, errors, offering
+            )
         except NvmlFailure as err:
             if not _is_lost(err):
                 raise
             log.warning("gpu_lost_mid_pass", gpu=g.info.index, error=str(err))  # seen below
-    status, converged = await observe(backend, checkpoint, desired)
+    status, converged = await observe(backend, checkpoint, desired, at_least=offering)
     if problems or kept:
         converged = False
     plan_id = spec.plan_id if spec is not None else None
@@ -337,9 +381,14 @@ async def reconcile_once(
 
 
 async def observe(
-    backend: NvmlBackend, checkpoint: Checkpoint, desired: Mapping[int, frozenset[Instance]]
+    backend: NvmlBackend,
+    checkpoint: Checkpoint,
+    desired: Mapping[int, frozenset[Instance]],
+    *,
+    at_least: bool = False,
 ) -> tuple[MigNodeStatus, bool]:
-    """The node's MIG state as NVML shows it, and whether its reachable GPUs equal `desired`."""
+    """The node's MIG state as NVML shows it, and whether its reachable GPUs equal `desired`
+    (with `at_least`, an offering node's: hold at least what it lists)."""
     prepared = checkpoint.prepared()
     converged = True
     out = []
@@ -365,8 +414,10 @@ async def observe(
             )
         want = desired.get(g.info.index)
         complete = {_key(i) for i in g.actual if i.ci_id is not None}
-        if want is not None and (complete != want or len(g.actual) != len(complete)):
-            converged = False
+        if want is not None:
+            matches = want <= complete if at_least else complete == want
+            if not matches or len(g.actual) != len(complete):
+                converged = False
         out.append(
             GpuStatus(
                 index=g.info.index,

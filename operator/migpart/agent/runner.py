@@ -96,6 +96,12 @@ class Agent:
         self.overlap: Overlap | None = None
         self._overlap_checked: float | None = None  # monotonic time of the last check
 
+    def offering(self) -> bool:
+        """Whether the spec applied says Offer (`MigNodeSpec.allocation`) and the agent carries
+        specs out (no other publisher on the node): prepare may then make room."""
+        held = self.overlap is not None and not self.allow_overlap
+        return not held and self.spec is not None and self.spec.allocation == "Offer"
+
     def poke(self) -> None:
         """Ask for a reconcile pass soon (e.g. after a claim was prepared)."""
         self.trigger.set()

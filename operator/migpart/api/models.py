@@ -102,6 +102,11 @@ class MigNodeSpec(_Model):
     """The fencing token of the operator's leadership term that wrote this spec (the election
     Lease's leaseTransitions when the term began). The agent refuses a spec whose token is lower
     than one it already applied; absent: written without leader election, applied as before."""
+    allocation: Literal["Reactive", "Offer"] | None = None
+    """Offer: the node's pool lists every placement with its GPU's counters, and instances are
+    made when kubelet prepares a claim (a free instance in the way destroyed first) and kept,
+    free, after; the GPUs listed are instances to make ahead, and the agent destroys nothing on
+    its own. Absent or Reactive: the agent makes the GPUs listed exactly what they say."""
 
     def desired(self) -> dict[int, frozenset[Instance]]:
         """What this spec wants: GPU index -> its instances, for the GPUs it lists.
