@@ -119,6 +119,27 @@ def test_the_scheduler_takes_devices_in_published_order_not_by_name(cluster: Tes
         assert eventually(lambda i=i: allocated(cluster, f"order-{i}")) == placement[0]
 
 
+def test_a_departing_pods_successor_gets_the_device_it_left(cluster: Testbed) -> None:
+    """First fit in a fixed order hands the next claim of a profile the first free device:
+    the one a departed pod left, whose instance an offering node kept (warm reuse), not a
+    new placement further down the list."""
+    published = [
+        ("gpu-0-1g10gb-6", "1g.10gb", 6, 1, 1),
+        ("gpu-0-1g10gb-5", "1g.10gb", 5, 1, 1),
+        ("gpu-0-1g10gb-4", "1g.10gb", 4, 1, 1),
+    ]
+    publish(cluster, "reuse", published)
+    for name in ("reuse-a", "reuse-b"):
+        claim_and_pod(cluster, name, "reuse", profile_is("1g.10gb"))
+        eventually(lambda name=name: allocated(cluster, name))
+    assert allocated(cluster, "reuse-a") == published[0][0]
+    cluster.kubectl("delete", "pod", "reuse-a", "-n", NS, "--force", "--grace-period=0")
+    cluster.kubectl("delete", "resourceclaim", "reuse-a", "-n", NS, "--wait=true")
+    claim_and_pod(cluster, "reuse-c", "reuse", profile_is("1g.10gb"))
+    assert eventually(lambda: allocated(cluster, "reuse-c")) == published[0][0]
+    assert allocated(cluster, "reuse-b") == published[1][0]
+
+
 def test_placements_sharing_a_counter_are_never_both_allocated(cluster: Testbed) -> None:
     publish(cluster, "overlap", [SEVEN, THREE_HIGH, THREE_LOW])
     claim_and_pod(cluster, "whole", "overlap")
