@@ -59,7 +59,7 @@ class Unservable(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Need:
+class ResolvedRequest:
     """One resolved request (or chosen alternative): candidates per model and a count."""
 
     name: str
@@ -109,7 +109,7 @@ def _candidates(
     policy: PolicyView,
     policy_name: str,
     selectors: Selectors,
-) -> Need | None:
+) -> ResolvedRequest | None:
     """Resolve one `exactly` request or one `firstAvailable` alternative; None if not ours."""
     class_name = body.get("deviceClassName", "")
     device_class = classes.get(class_name)
@@ -155,7 +155,7 @@ def _candidates(
             names = ", ".join(dict.fromkeys(forbidden))
             reason += f" ({names} would, but {who} does not allow it)"
         raise Unservable(reason)
-    return Need(name, {m: tuple(ps) for m, ps in by_model.items()}, count)
+    return ResolvedRequest(name, {m: tuple(ps) for m, ps in by_model.items()}, count)
 
 
 def resolve_request(
@@ -165,7 +165,7 @@ def resolve_request(
     policy: PolicyView,
     policy_name: str,
     selectors: Selectors,
-) -> Need | None:
+) -> ResolvedRequest | None:
     """The candidates and count of one request of a claim (`spec.devices.requests[]`); None
     when it is not ours. Raises `Unservable` when it is ours and nothing can serve it."""
     name = str(request.get("name", ""))
@@ -173,7 +173,7 @@ def resolve_request(
         return _candidates(
             name, request["exactly"], classes, tables, policy, policy_name, selectors
         )
-    alternatives: list[Need] = []
+    alternatives: list[ResolvedRequest] = []
     failures: list[Unservable] = []
     for sub in request.get("firstAvailable") or []:
         sub_name = f"{name}/{sub.get('name', '')}"
@@ -190,7 +190,7 @@ def resolve_request(
         return None
     chosen = alternatives[0]
     if chosen.count > 1:
-        return Need(name, chosen.by_model, chosen.count)
+        return ResolvedRequest(name, chosen.by_model, chosen.count)
     merged: dict[str, list[str]] = {}
     for alt in alternatives:
         if alt.count != 1:
@@ -198,4 +198,4 @@ def resolve_request(
         for model, names in alt.by_model.items():
             have = merged.setdefault(model, [])
             have.extend(n for n in names if n not in have)
-    return Need(name, {m: tuple(ns) for m, ns in merged.items()}, 1)
+    return ResolvedRequest(name, {m: tuple(ns) for m, ns in merged.items()}, 1)

@@ -38,7 +38,7 @@ from typing import Any
 from migpart.dra import DRIVER
 from migpart.errors import SelectorError
 from migpart.mig.profiles import ModelTable
-from migpart.planning.candidates import Need, Selectors, Unservable, resolve_request
+from migpart.planning.candidates import ResolvedRequest, Selectors, Unservable, resolve_request
 from migpart.planning.model import PolicyView, Request
 
 _SAME_GPU_ATTRIBUTES = frozenset({"parentUUID", "gpuIndex"})
@@ -130,7 +130,7 @@ def claim_demand(
 
 def _combine(
     name: str,
-    needs: list[Need],
+    needs: list[ResolvedRequest],
     devices: Mapping[str, Any],
     tables: Mapping[str, ModelTable],
     priority: int,

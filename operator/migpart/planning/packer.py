@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from migpart.planning.model import PolicyView, Request, Snapshot
-from migpart.planning.packing import Need, NodePacking, Work, pack
+from migpart.planning.packing import DeviceDemand, NodePacking, Work, pack
 from migpart.planning.targets import GpuSpace, Memo
 
 # What looking up a node packing costs in packing steps, cached or not (a step is a transition
@@ -50,7 +50,7 @@ class Packer:
         self.spaces: list[tuple[GpuSpace, ...]] = []
         kinds: dict[tuple[GpuSpace, ...], int] = {}
         self.kind: list[int] = []
-        offered: list[frozenset[str]] = []
+        supplied: list[frozenset[str]] = []
         for node in snapshot.nodes:
             spaces = tuple(
                 GpuSpace(
@@ -62,24 +62,24 @@ class Packer:
             )
             self.spaces.append(spaces)
             self.kind.append(kinds.setdefault(spaces, len(kinds)))
-            offered.append(frozenset(p for s in spaces for p in s.table.profile_names))
+            supplied.append(frozenset(p for s in spaces for p in s.table.profile_names))
         levels = sorted({r.priority for r in requests}, reverse=True)
         self.level = [levels.index(r.priority) for r in requests]
         self.n_levels = len(levels)
-        # The request as each node sees it (only the profiles the node's models offer), for the
+        # The request as each node sees it (only the profiles the node's models supply), for the
         # nodes that could serve it at all.
-        self.demand: list[dict[int, Need]] = []
+        self.demand: list[dict[int, DeviceDemand]] = []
         for request in requests:
-            per_node: dict[int, Need] = {}
+            per_node: dict[int, DeviceDemand] = {}
             if request.count > 0 and request.profiles:
                 profiles = tuple(dict.fromkeys(request.profiles))
                 same = request.same_gpu and request.count > 1
                 for n, node in enumerate(snapshot.nodes):
                     if request.nodes is not None and node.name not in request.nodes:
                         continue
-                    mine = tuple(p for p in profiles if p in offered[n])
+                    mine = tuple(p for p in profiles if p in supplied[n])
                     if mine:
-                        per_node[n] = Need(mine, request.count, same)
+                        per_node[n] = DeviceDemand(mine, request.count, same)
             self.demand.append(per_node)
         # Equal demands share an id, ordered like the demands, so that a node's requests sort
         # into a cache key quickly.
@@ -123,5 +123,5 @@ class Packer:
         return None if found is None else (found, order)
 
 
-def _demand_key(demand: Need) -> tuple[tuple[str, ...], int, bool]:
+def _demand_key(demand: DeviceDemand) -> tuple[tuple[str, ...], int, bool]:
     return (demand.profiles, demand.count, demand.same_gpu)

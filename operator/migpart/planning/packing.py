@@ -9,10 +9,10 @@ and the demands placed on it, which target layouts serve every demand at the lea
 
 Why it is exact and still small:
 
-- Each GPU offers a few dozen cheapest targets (`migpart.planning.targets`). Offers are
+- Each GPU supplies a few dozen cheapest targets (`migpart.planning.targets`). Supplies are
   projected onto the profiles the demands can use and capped at what they could use; a
-  dynamic program over the node's GPUs keeps the cheapest combination per capped offer.
-- Whether an offer serves the demands is a transportation problem, checked by Hall's theorem
+  dynamic program over the node's GPUs keeps the cheapest combination per capped supply.
+- Whether an supply serves the demands is a transportation problem, checked by Hall's theorem
   and solved by a min-cost flow (`migpart.planning.transport`).
 - Demands that need all their devices on one GPU (`same_gpu`) are hosted by one GPU each: the
   dynamic program's state also records which of them are hosted (with more than four on one
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from migpart.mig import Instance
 from migpart.planning.cost import CREATED, RANK, cost_of, free_capacity
 from migpart.planning.model import PolicyView
-from migpart.planning.targets import GpuSpace, Memo, Target, most_offered, projected
+from migpart.planning.targets import GpuSpace, Memo, Target, most_supplied, projected
 from migpart.planning.transport import Pref, assign, bits, covers, hall, host_options
 
 
 @dataclass(frozen=True, slots=True)
-class Need:
+class DeviceDemand:
     """`count` devices, each of any profile in `profiles` (preference order)."""
 
     profiles: tuple[str, ...]
@@ -85,7 +85,7 @@ class _Choice:
 
 def pack(
     spaces: Sequence[GpuSpace],
-    demands: Sequence[Need],
+    demands: Sequence[DeviceDemand],
     policy: PolicyView,
     limit: int | None = None,
     work: Work | None = None,
@@ -121,24 +121,26 @@ def pack(
         [bits(p for p, _ in prefs[k]) for k in pooled], [demands[k].count for k in pooled]
     )
     key_names = tuple(names)
-    # No GPU offers more than its targets do: cap the counts at that, and give up at once when
+    # No GPU supplies more than its targets do: cap the counts at that, and give up at once when
     # even every GPU's most of every profile together falls short.
     most = [0] * len(names)
     for space in spaces:
-        for p, n in enumerate(most_offered(projected(space, policy, key_names, tuple(caps), memo))):
+        for p, n in enumerate(
+            most_supplied(projected(space, policy, key_names, tuple(caps), memo))
+        ):
             most[p] += n
     caps = [min(c, m, _FIELD_CAP) for c, m in zip(caps, most, strict=True)]
     if not covers(caps, checks):
         return None
     key_caps = tuple(caps)
     options = [projected(space, policy, key_names, key_caps, memo) for space in spaces]
-    # Offers are packed into ints, one 9-bit field per profile, so that adding two of them and
+    # Supplies are packed into ints, one 9-bit field per profile, so that adding two of them and
     # capping the sum at `caps` takes a handful of int operations (see `_sat_add`).
     cap_v = _encode(key_caps)
     reach = [0] * (len(spaces) + 1)
     for g in range(len(spaces) - 1, -1, -1):
         reach[g] = _sat_add(
-            reach[g + 1], _encode(most_offered(options[g])), cap_v, _guard(len(names))
+            reach[g + 1], _encode(most_supplied(options[g])), cap_v, _guard(len(names))
         )
     shift = _WIDTH * len(names)
     vec_mask = (1 << shift) - 1
@@ -154,28 +156,28 @@ def pack(
         fresh: dict[int, tuple[int, _Choice | None]] = {}
         hopeless: set[int] = set()
         later = reach[g + 1]
-        encoded = [(target, _encode(offer), offer) for target, offer in options[g]]
+        encoded = [(target, _encode(supply), supply) for target, supply in options[g]]
         for key, (cost, back) in states.items():
             vec = key & vec_mask
             hosted = key >> shift
-            for target, packed_offer, offer in encoded:
+            for target, packed_supply, supply in encoded:
                 ncost = cost + target.cost
                 if limit is not None and ncost > limit:
                     break  # options come cheapest first
                 if same:
-                    hostings = hosting_cache.get((offer, hosted))
+                    hostings = hosting_cache.get((supply, hosted))
                     if hostings is None:
                         hostings = [
                             (extra, _encode(left), takes)
                             for extra, left, takes in host_options(
-                                offer, hosted, same, prefs, counts
+                                supply, hosted, same, prefs, counts
                             )
                         ]
-                        hosting_cache[(offer, hosted)] = hostings
+                        hosting_cache[(supply, hosted)] = hostings
                         if work is not None:
                             work.spend(len(hostings))
                 else:
-                    hostings = [(0, packed_offer, ())]
+                    hostings = [(0, packed_supply, ())]
                 for extra, left, takes in hostings:
                     total = vec + left
                     over = ((((total | guard) - cap_v) & guard) >> (_WIDTH - 1)) * _FIELD_MAX
@@ -199,12 +201,12 @@ def pack(
             continue
         if best is not None and (cost >> CREATED) > (best[0] >> CREATED):
             break  # rank and lost only break ties of destroyed, changed, created
-        offered = _decode(key & vec_mask, len(names))
-        if not covers(offered, checks):
+        supplied = _decode(key & vec_mask, len(names))
+        if not covers(supplied, checks):
             continue
         if work is not None:
             work.spend(_ASSIGN)
-        assigned = assign(offered, pool_demands)
+        assigned = assign(supplied, pool_demands)
         if assigned is None:
             continue
         rank, take = assigned
@@ -242,7 +244,7 @@ def _decode(packed: int, dims: int) -> tuple[int, ...]:
 
 
 def _sat_add(a: int, b: int, caps: int, guard: int) -> int:
-    """Field-wise min(a + b, caps) of packed offers (fields of a and b at most `_FIELD_CAP`).
+    """Field-wise min(a + b, caps) of packed supplies (fields of a and b at most `_FIELD_CAP`).
 
     Each field has a guard bit above its value bits: (sum | guard) - caps keeps the guard bit
     exactly where sum >= cap, without borrowing from the next field; that bit, spread over the
@@ -265,7 +267,7 @@ def _hosted_rank(back: _Choice | None, prefs: Sequence[Pref]) -> int:
 
 def _realise(
     spaces: Sequence[GpuSpace],
-    demands: Sequence[Need],
+    demands: Sequence[DeviceDemand],
     names: Sequence[str],
     pooled: Sequence[int],
     back: _Choice | None,

@@ -1,9 +1,9 @@
-"""A GPU's reachable target layouts, one cheapest per offer: what the node packer chooses from.
+"""A GPU's reachable target layouts, one cheapest per supply: what the node packer chooses from.
 
 A GPU's reachable targets are the valid layouts that contain its used instances
 (`migpart.mig.enumerate_layouts`, a few hundred to a few thousand for a 7-slice GPU). What a
-target offers the demands is only its count of non-used instances per profile, so each GPU
-reduces to one cheapest layout per offer vector, and an offer that another one covers at no
+target supplies the demands is only its count of non-used instances per profile, so each GPU
+reduces to one cheapest layout per supply vector, and an supply that another one covers at no
 higher cost is dropped (a few dozen options per GPU). These tables depend only on the GPU's
 state and the policy and are cached across calls (a bounded LRU); their projections onto the
 profiles one packing asks for live as long as one planning run (`Memo`).
@@ -32,16 +32,16 @@ class GpuSpace:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One reachable layout of a GPU with what it offers and costs."""
+    """One reachable layout of a GPU with what it supplies and costs."""
 
     instances: frozenset[Instance]
-    offer: tuple[tuple[str, int], ...]  # non-used instances per profile
+    supply: tuple[tuple[str, int], ...]  # non-used instances per profile
     cost: int  # destroyed, changed, created, 0, lost
 
 
 @lru_cache(maxsize=128)
 def _targets(space: GpuSpace, policy: PolicyView) -> tuple[Target, ...]:
-    """The cheapest layout per offer of a GPU, offers covered by a cheaper one left out."""
+    """The cheapest layout per supply of a GPU, supplies covered by a cheaper one left out."""
     table = space.table
     used = space.used
     free = space.free
@@ -74,18 +74,18 @@ def _targets(space: GpuSpace, policy: PolicyView) -> tuple[Target, ...]:
             best[key] = (cost, layout)
     ordered = sorted(best.items(), key=lambda kv: (kv[1][0], kv[0]))
     kept_targets: list[tuple[tuple[int, ...], int, frozenset[Instance]]] = []
-    for offer, (cost, layout) in ordered:
-        # Cheapest first: an earlier target that offers at least as much dominates this one.
-        if any(all(a >= b for a, b in zip(o, offer, strict=True)) for o, _, _ in kept_targets):
+    for supply, (cost, layout) in ordered:
+        # Cheapest first: an earlier target that supplies at least as much dominates this one.
+        if any(all(a >= b for a, b in zip(o, supply, strict=True)) for o, _, _ in kept_targets):
             continue
-        kept_targets.append((offer, cost, layout))
+        kept_targets.append((supply, cost, layout))
     return tuple(
         Target(
             layout,
-            tuple((names[k], n) for k, n in enumerate(offer) if n),
+            tuple((names[k], n) for k, n in enumerate(supply) if n),
             cost,
         )
-        for offer, cost, layout in kept_targets
+        for supply, cost, layout in kept_targets
     )
 
 
@@ -132,7 +132,7 @@ def projected(
     caps: tuple[int, ...],
     memo: Memo,
 ) -> tuple[tuple[Target, tuple[int, ...]], ...]:
-    """The GPU's targets by what they offer of `names`, capped at `caps`; dominated ones out."""
+    """The GPU's targets by what they supply of `names`, capped at `caps`; dominated ones out."""
     key = (space, names, caps)
     found = memo.projected.get(key)
     if found is None:
@@ -140,7 +140,7 @@ def projected(
         named = memo.by_names.get(named_key)
         if named is None:
             named = _cheapest(
-                (target, tuple(dict(target.offer).get(p, 0) for p in names))
+                (target, tuple(dict(target.supply).get(p, 0) for p in names))
                 for target in _targets(space, policy)
             )
             memo.by_names[named_key] = named
@@ -150,11 +150,11 @@ def projected(
 
 
 def _cheapest(
-    offers: Iterable[tuple[Target, tuple[int, ...]]],
+    supplies: Iterable[tuple[Target, tuple[int, ...]]],
 ) -> tuple[tuple[Target, tuple[int, ...]], ...]:
-    """The cheapest target per offer, without offers that a cheaper one covers."""
+    """The cheapest target per supply, without supplies that a cheaper one covers."""
     best: dict[tuple[int, ...], Target] = {}
-    for target, vec in offers:
+    for target, vec in supplies:
         old = best.get(vec)
         if old is None or target.cost < old.cost:
             best[vec] = target
@@ -167,6 +167,6 @@ def _cheapest(
     return tuple(kept)
 
 
-def most_offered(options: Sequence[tuple[Target, tuple[int, ...]]]) -> tuple[int, ...]:
-    """The most of each profile that any of a GPU's (projected) targets offers."""
+def most_supplied(options: Sequence[tuple[Target, tuple[int, ...]]]) -> tuple[int, ...]:
+    """The most of each profile that any of a GPU's (projected) targets supplies."""
     return tuple(map(max, *(vec for _, vec in options))) if len(options) > 1 else options[0][1]

@@ -1,11 +1,11 @@
 """Which devices serve which demands: Hall checks, the cheapest assignment, same-GPU hosting.
 
-Once the node packer (`migpart.planning.packing`) has chosen what each GPU offers, serving the
-demands from those offers is a transportation problem. By Hall's theorem it is feasible exactly
+Once the node packer (`migpart.planning.packing`) has chosen what each GPU supplies, serving the
+demands from those supplies is a transportation problem. By Hall's theorem it is feasible exactly
 when, for every union X of the demands' profile sets, the devices of profiles in X cover the
 demands whose profiles all lie in X (`hall`, `covers`); the cheapest assignment by preference
 rank is a min-cost flow on the small bipartite graph demands -> profiles (`assign`). Demands
-that need all their devices on one GPU are hosted by one GPU's offer each (`host_options`).
+that need all their devices on one GPU are hosted by one GPU's supply each (`host_options`).
 
 Profiles are indices into the packing's list of profile names; a demand's profile set is a bit
 mask over them.
@@ -76,18 +76,18 @@ def _disjoint(space: int, ordered: list[int], need: dict[int, int], packed: dict
     return most
 
 
-def covers(offer: Sequence[int], checks: Sequence[tuple[tuple[int, ...], int]]) -> bool:
+def covers(supply: Sequence[int], checks: Sequence[tuple[tuple[int, ...], int]]) -> bool:
     for indices, need in checks:
         have = 0
         for i in indices:
-            have += offer[i]
+            have += supply[i]
         if have < need:
             return False
     return True
 
 
 def assign(
-    offer: Sequence[int], demands: Sequence[tuple[Pref, int]]
+    supply: Sequence[int], demands: Sequence[tuple[Pref, int]]
 ) -> tuple[int, list[list[int]]] | None:
     """The cheapest assignment of devices to demands (cost: preference rank), or None.
 
@@ -95,10 +95,10 @@ def assign(
     per demand, how many devices of each profile index it gets. Successive shortest paths on the
     small bipartite graph demands -> profiles.
     """
-    n_profiles = len(offer)
+    n_profiles = len(supply)
     take = [[0] * n_profiles for _ in demands]
     left = [c for _, c in demands]
-    room = list(offer)
+    room = list(supply)
     total = 0
     while True:
         # Bellman-Ford over residual graph: demand d -> profile p (cost rank), profile p -> demand
@@ -154,16 +154,16 @@ def assign(
 
 
 def host_options(
-    offer: tuple[int, ...],
+    supply: tuple[int, ...],
     hosted: int,
     same: Sequence[int],
     prefs: Sequence[Pref],
     counts: Sequence[int],
 ) -> list[tuple[int, tuple[int, ...], tuple[tuple[int, ...], ...]]]:
-    """Ways one GPU with `offer` can host not yet hosted same-GPU demands (`same` indexes
-    `prefs` and `counts`): (demands hosted as a mask over `same`, offer left for the pool,
+    """Ways one GPU with `supply` can host not yet hosted same-GPU demands (`same` indexes
+    `prefs` and `counts`): (demands hosted as a mask over `same`, supply left for the pool,
     devices taken per hosted demand)."""
-    out: list[tuple[int, tuple[int, ...], tuple[tuple[int, ...], ...]]] = [(0, offer, ())]
+    out: list[tuple[int, tuple[int, ...], tuple[tuple[int, ...], ...]]] = [(0, supply, ())]
     if not same:
         return out
     open_ = [j for j in range(len(same)) if not hosted >> j & 1]
@@ -171,45 +171,45 @@ def host_options(
     for size in range(1, largest + 1):
         for group in combinations(open_, size):
             wanted = [(prefs[same[j]], counts[same[j]]) for j in group]
-            if sum(c for _, c in wanted) > sum(offer):
+            if sum(c for _, c in wanted) > sum(supply):
                 continue
-            # Every way to take the devices, the cheapest (by rank) per offer left: which one
+            # Every way to take the devices, the cheapest (by rank) per supply left: which one
             # leaves the right devices for the pool depends on the other demands.
-            for left, (_, takes) in sorted(_takings(list(offer), wanted).items()):
+            for left, (_, takes) in sorted(_takings(list(supply), wanted).items()):
                 out.append((bits(group), left, takes))
     return out
 
 
 def _takings(
-    offer: list[int], wanted: Sequence[tuple[Pref, int]]
+    supply: list[int], wanted: Sequence[tuple[Pref, int]]
 ) -> dict[tuple[int, ...], tuple[int, tuple[tuple[int, ...], ...]]]:
-    """Offer left -> (rank, devices per profile per demand) of the cheapest way to serve
-    `wanted` from `offer` that leaves exactly that."""
-    search = _Takings(offer, wanted)
+    """Supply left -> (rank, devices per profile per demand) of the cheapest way to serve
+    `wanted` from `supply` that leaves exactly that."""
+    search = _Takings(supply, wanted)
     search.demand(0, 0)
     return search.out
 
 
 class _Takings:
-    """Every way to serve `wanted` from `offer`: demand by demand, each one's devices profile
+    """Every way to serve `wanted` from `supply`: demand by demand, each one's devices profile
     by profile, most of the first profile first. A class rather than nested functions, which
     would make reference cycles (see `migpart.planning.planner.collector_paused`)."""
 
-    def __init__(self, offer: list[int], wanted: Sequence[tuple[Pref, int]]) -> None:
-        self.offer = offer
+    def __init__(self, supply: list[int], wanted: Sequence[tuple[Pref, int]]) -> None:
+        self.supply = supply
         self.wanted = wanted
         self.out: dict[tuple[int, ...], tuple[int, tuple[tuple[int, ...], ...]]] = {}
         self.rows: list[tuple[int, ...]] = []
 
     def demand(self, k: int, rank: int) -> None:
         if k == len(self.wanted):
-            left = tuple(self.offer)
+            left = tuple(self.supply)
             old = self.out.get(left)
             if old is None or rank < old[0]:
                 self.out[left] = (rank, tuple(self.rows))
             return
         pref, count = self.wanted[k]
-        self.device(k, pref, [0] * len(self.offer), 0, count, rank)
+        self.device(k, pref, [0] * len(self.supply), 0, count, rank)
 
     def device(self, k: int, pref: Pref, row: list[int], j: int, need: int, rank: int) -> None:
         if need == 0:
@@ -219,13 +219,13 @@ class _Takings:
             return
         if j == len(pref):
             return
-        offer = self.offer
+        supply = self.supply
         p, r = pref[j]
-        for n in range(min(need, offer[p]), -1, -1):
-            offer[p] -= n
+        for n in range(min(need, supply[p]), -1, -1):
+            supply[p] -= n
             row[p] += n
             self.device(k, pref, row, j + 1, need - n, rank + n * r)
-            offer[p] += n
+            supply[p] += n
             row[p] -= n
 
 

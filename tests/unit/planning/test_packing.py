@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from migpart.mig import CATALOG, Instance, enumerate_layouts, layout_problems
 from migpart.planning.cost import CREATED, cost_of
 from migpart.planning.model import PolicyView
-from migpart.planning.packing import Need, NodePacking, OutOfWork, Work, pack
+from migpart.planning.packing import DeviceDemand, NodePacking, OutOfWork, Work, pack
 from migpart.planning.targets import GpuSpace
 from tests.unit.planning.strategies import layouts
 
@@ -40,7 +40,7 @@ def top(found: NodePacking | None) -> int | None:
 
 
 def serves(
-    offers: list[dict[str, int]], demands: list[Need], k: int = 0, gpu: int | None = None
+    supplies: list[dict[str, int]], demands: list[DeviceDemand], k: int = 0, gpu: int | None = None
 ) -> bool:
     """Whether the per-GPU device counts serve every demand (plain backtracking)."""
     if k == len(demands):
@@ -48,26 +48,26 @@ def serves(
     demand = demands[k]
     slots = [
         (g, p)
-        for g, offer in enumerate(offers)
+        for g, supply in enumerate(supplies)
         for p in demand.profiles
-        if offer.get(p, 0) and (gpu is None or g == gpu)
+        if supply.get(p, 0) and (gpu is None or g == gpu)
     ]
     if demand.same_gpu and demand.count > 1 and gpu is None:
-        return any(serves(offers, demands, k, g) for g in range(len(offers)))
+        return any(serves(supplies, demands, k, g) for g in range(len(supplies)))
     for picks in itertools.combinations_with_replacement(slots, demand.count):
-        if all(offers[g][p] >= picks.count((g, p)) for g, p in set(picks)):
+        if all(supplies[g][p] >= picks.count((g, p)) for g, p in set(picks)):
             for g, p in picks:
-                offers[g][p] -= 1
-            ok = serves(offers, demands, k + 1)
+                supplies[g][p] -= 1
+            ok = serves(supplies, demands, k + 1)
             for g, p in picks:
-                offers[g][p] += 1
+                supplies[g][p] += 1
             if ok:
                 return True
     return False
 
 
 def brute_force(
-    spaces: list[GpuSpace], demands: list[Need], policy: PolicyView
+    spaces: list[GpuSpace], demands: list[DeviceDemand], policy: PolicyView
 ) -> tuple[int, int, int] | None:
     """The least (destroyed, GPUs changed, created) over every combination of layouts."""
     per_gpu = []
@@ -77,11 +77,11 @@ def brute_force(
             created = layout - s.used - s.free
             if not all(policy.permits(i.profile) for i in created):
                 continue
-            offer: dict[str, int] = {}
+            supply: dict[str, int] = {}
             for inst in layout - s.used:
-                offer[inst.profile] = offer.get(inst.profile, 0) + 1
+                supply[inst.profile] = supply.get(inst.profile, 0) + 1
             cost = (len(s.free - layout), int(layout != s.used | s.free), len(created))
-            options.append((cost, offer))
+            options.append((cost, supply))
         per_gpu.append(options)
     best: tuple[int, int, int] | None = None
     for combo in itertools.product(*per_gpu):
@@ -92,13 +92,13 @@ def brute_force(
         )
         if best is not None and cost >= best:
             continue
-        if serves([dict(offer) for _, offer in combo], demands):
+        if serves([dict(supply) for _, supply in combo], demands):
             best = cost
     return best
 
 
 def check_packing(
-    spaces: list[GpuSpace], demands: list[Need], policy: PolicyView, found: NodePacking
+    spaces: list[GpuSpace], demands: list[DeviceDemand], policy: PolicyView, found: NodePacking
 ) -> None:
     assert len(found.layouts) == len(spaces)
     for s, layout in zip(spaces, found.layouts, strict=True):
@@ -119,7 +119,7 @@ def check_packing(
 
 
 @st.composite
-def node_problems(draw: st.DrawFn) -> tuple[list[GpuSpace], list[Need], PolicyView]:
+def node_problems(draw: st.DrawFn) -> tuple[list[GpuSpace], list[DeviceDemand], PolicyView]:
     model = draw(st.sampled_from([A30, H100]))
     table = CATALOG[model]
     count = draw(st.integers(1, 2)) if model == A30 else 1
@@ -135,7 +135,7 @@ def node_problems(draw: st.DrawFn) -> tuple[list[GpuSpace], list[Need], PolicyVi
         )
     names = [p.name for p in table.profiles]
     demands = [
-        Need(
+        DeviceDemand(
             tuple(draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True))),
             draw(st.integers(1, 3)),
             draw(st.booleans()),
@@ -148,7 +148,9 @@ def node_problems(draw: st.DrawFn) -> tuple[list[GpuSpace], list[Need], PolicyVi
 
 @SETTINGS
 @given(problem=node_problems())
-def test_pack_matches_brute_force(problem: tuple[list[GpuSpace], list[Need], PolicyView]) -> None:
+def test_pack_matches_brute_force(
+    problem: tuple[list[GpuSpace], list[DeviceDemand], PolicyView],
+) -> None:
     spaces, demands, policy = problem
     found = pack(spaces, demands, policy)
     best = brute_force(spaces, demands, policy)
@@ -159,42 +161,45 @@ def test_pack_matches_brute_force(problem: tuple[list[GpuSpace], list[Need], Pol
 
 def test_reuses_free_instances_and_destroys_nothing() -> None:
     spaces = [space(H100, ("3g.40gb", 0, True), ("1g.10gb", 4, False), ("1g.10gb", 5, False))]
-    found = pack(spaces, [Need(("1g.10gb",), 2)], PolicyView())
+    found = pack(spaces, [DeviceDemand(("1g.10gb",), 2)], PolicyView())
     assert top(found) == lead(0, 0, 0)
 
 
 def test_destroys_the_least() -> None:
     """A 3g.40gb needs memory 4-7: destroy one of the free 1g instances there, not both."""
     spaces = [space(H100, ("3g.40gb", 0, True), ("1g.10gb", 4, False), ("1g.20gb", 6, False))]
-    found = pack(spaces, [Need(("3g.40gb",), 1)], PolicyView())
+    found = pack(spaces, [DeviceDemand(("3g.40gb",), 1)], PolicyView())
     assert top(found) == lead(2, 1, 1)
     spaces = [space(H100, ("3g.40gb", 0, True), ("1g.10gb", 4, False)), space(H100)]
-    found = pack(spaces, [Need(("3g.40gb",), 1)], PolicyView())
+    found = pack(spaces, [DeviceDemand(("3g.40gb",), 1)], PolicyView())
     assert top(found) == lead(0, 1, 1)
     assert found is not None
     assert found.devices[0][0][0] == 1
 
 
 def test_prefers_the_first_profile_on_ties() -> None:
-    found = pack([space(H100)], [Need(("2g.20gb", "1g.20gb"), 1)], PolicyView())
+    found = pack([space(H100)], [DeviceDemand(("2g.20gb", "1g.20gb"), 1)], PolicyView())
     assert found is not None
     assert found.devices[0][0][1].profile == "2g.20gb"
 
 
 def test_infeasible_and_denied() -> None:
-    assert pack([space(H100)], [Need(("7g.80gb",), 2)], PolicyView()) is None
+    assert pack([space(H100)], [DeviceDemand(("7g.80gb",), 2)], PolicyView()) is None
     denied = PolicyView(denied=frozenset({"1g.10gb"}))
-    assert pack([space(H100)], [Need(("1g.10gb",), 1)], denied) is None
+    assert pack([space(H100)], [DeviceDemand(("1g.10gb",), 1)], denied) is None
     reuse = [space(H100, ("1g.10gb", 0, False))]
-    assert top(pack(reuse, [Need(("1g.10gb",), 1)], denied)) == lead(0, 0, 0)
+    assert top(pack(reuse, [DeviceDemand(("1g.10gb",), 1)], denied)) == lead(0, 0, 0)
 
 
 def test_same_gpu_demands_share_one_gpu_each() -> None:
     spaces = [space(H100, ("4g.40gb", 0, True)), space(H100, ("4g.40gb", 0, True))]
-    assert pack(spaces, [Need(("1g.10gb",), 4, same_gpu=True)], PolicyView()) is None
+    assert pack(spaces, [DeviceDemand(("1g.10gb",), 4, same_gpu=True)], PolicyView()) is None
     found = pack(
         spaces,
-        [Need(("1g.10gb",), 3, same_gpu=True), Need(("1g.10gb",), 3, same_gpu=True)],
+        [
+            DeviceDemand(("1g.10gb",), 3, same_gpu=True),
+            DeviceDemand(("1g.10gb",), 3, same_gpu=True),
+        ],
         PolicyView(),
     )
     assert found is not None
@@ -203,7 +208,7 @@ def test_same_gpu_demands_share_one_gpu_each() -> None:
 
 def test_a_limit_below_the_cost_finds_nothing() -> None:
     spaces = [space(H100)]
-    demands = [Need(("3g.40gb",), 2)]
+    demands = [DeviceDemand(("3g.40gb",), 2)]
     found = pack(spaces, demands, PolicyView())
     assert found is not None
     assert pack(spaces, demands, PolicyView(), limit=found.cost - 1) is None
@@ -212,7 +217,11 @@ def test_a_limit_below_the_cost_finds_nothing() -> None:
 
 def test_work_allowance_runs_out() -> None:
     spaces = [space(H100)] * 4
-    demands = [Need(("1g.10gb",), 5), Need(("2g.20gb",), 3), Need(("3g.40gb",), 2)]
+    demands = [
+        DeviceDemand(("1g.10gb",), 5),
+        DeviceDemand(("2g.20gb",), 3),
+        DeviceDemand(("3g.40gb",), 2),
+    ]
     work = Work(10)
     with pytest.raises(OutOfWork):
         pack(spaces, demands, PolicyView(), work=work)
