@@ -1,6 +1,6 @@
 """`migpart plan --input SNAPSHOT.json [--output PLAN.json]`: the planner, offline.
 
-The same pure `migpart.planning.plan` that the operator runs, fed from a file, so that a
+The same pure `migpart.planning.planner.plan` that the operator runs, fed from a file, so that a
 platform team can ask "what would migpart do to this cluster" without a cluster. Exit 0 with a
 plan (even one that satisfies nothing), 2 with one line on stderr naming the offending field.
 
