@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import signal
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from bench.scale_processes import die_with_parent
 from migpart import logs
 from migpart.agent.app import AgentConfig, serve
 from migpart.kube.client import api_client
@@ -39,7 +39,6 @@ SPARE_CONNECTIONS = 128
 START_STEP = 50
 # What a crashed agent process would wait before its DaemonSet restarted it.
 RESTART_S = 2.0
-PR_SET_PDEATHSIG = 1
 
 log = structlog.get_logger("bench.scale_agents")
 
@@ -68,13 +67,6 @@ async def supervise(config: AgentConfig, api: ApiClient) -> None:
         except (ApiException, aiohttp.ClientError, TimeoutError) as err:
             log.warning("agent_restarted", node=config.node, error=str(err))
         await asyncio.sleep(RESTART_S)
-
-
-def die_with_parent() -> None:
-    """Have the kernel send us SIGTERM when the process that started us ends (Linux)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
-        log.warning("parent_death_signal_unavailable", errno=ctypes.get_errno())
 
 
 async def host(nodes: list[str], kubeconfig: Path, state_dir: Path, latency_ms: float) -> None:

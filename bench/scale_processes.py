@@ -1,18 +1,25 @@
-"""bench/scale.py's processes: what it starts besides the testbed (`Children`), and the CPU time
-and memory of a process, read from /proc."""
+"""bench/scale.py's processes: what it starts besides the testbed (`Children`), the CPU time
+and memory of a process, read from /proc, and how a child ends with its parent."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import structlog
+
 from migpart.testbed.run import terminate_all
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PR_SET_PDEATHSIG = 1
+
+log = structlog.get_logger("bench.scale_processes")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -30,6 +37,14 @@ def memory_mib(pid: int) -> tuple[float, float]:
         if key in ("VmHWM", "VmRSS"):
             values[key] = int(rest.split()[0]) / 1024  # kB
     return values.get("VmHWM", 0.0), values.get("VmRSS", 0.0)
+
+
+def die_with_parent() -> None:
+    """Have the kernel send us SIGTERM when the process that started us ends (Linux), so that
+    a killed benchmark leaves no agents behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        log.warning("parent_death_signal_unavailable", errno=ctypes.get_errno())
 
 
 def own_cpu_seconds() -> float:
