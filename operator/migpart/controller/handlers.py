@@ -422,12 +422,12 @@ async def _node_health_tick(state: OperatorState) -> None:
         else:
             log.warning("node_unavailable", node=node, reason=reason, why=health.describe(node))
         if reason == "LeaseExpired":
-            state.stale_marks[node] = True
+            state.stale.pending[node] = True
     # Stale=True on a node whose agent renews again (set before this tick, or by an earlier
     # operator): cleared once a renewal is seen, not merely because a Lease exists
-    for node in state.stale_flagged:
+    for node in state.stale.flagged:
         if health.reason(node) is None and health.heard_since_listed(node):
-            state.stale_marks.setdefault(node, False)
+            state.stale.pending.setdefault(node, False)
     if changed:
         state.wake_all()
         counts: Counter[str] = Counter(health.unavailable().values())
@@ -442,14 +442,14 @@ async def _node_health_tick(state: OperatorState) -> None:
 
 
 async def mark_stale(state: OperatorState) -> None:
-    """Write the `Stale` condition of the MigNodes in `state.stale_marks` (while leading)."""
-    for node, stale in list(state.stale_marks.items()):
+    """Write the `Stale` condition of the MigNodes in `state.stale.pending` (while leading)."""
+    for node, stale in list(state.stale.pending.items()):
         if not state.leading():
             return
         mignode = state.publisher.node(node)
         if mignode is None:
-            state.stale_marks.pop(node, None)
-            state.stale_written_over.pop(node, None)
+            state.stale.pending.pop(node, None)
+            state.stale.written_over.pop(node, None)
             continue
         conditions = stale_conditions(
             list(mignode.status.conditions) if mignode.status else [],
@@ -458,7 +458,7 @@ async def mark_stale(state: OperatorState) -> None:
         )
         version = str(mignode.metadata.get("resourceVersion") or "")
         if conditions is None:
-            if version and state.stale_written_over.get(node) == version:
+            if version and state.stale.written_over.get(node) == version:
                 continue  # our last write is not in this body yet: decide on the next one
         else:
             try:
@@ -467,8 +467,8 @@ async def mark_stale(state: OperatorState) -> None:
                 # 409: the agent wrote meanwhile; the next tick reads its status again
                 log.info("stale_condition_deferred", node=node, error=str(error)[:200])
                 continue
-            state.stale_written_over[node] = version
-        state.stale_marks.pop(node, None)
+            state.stale.written_over[node] = version
+        state.stale.pending.pop(node, None)
 
 
 async def policy_changed(type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:

@@ -107,6 +107,32 @@ async def await_crds(api: ApiClient, served: asyncio.Event, clock: Clock) -> Non
 
 
 @dataclass
+class StaleMarks:
+    """The `Stale` condition of MigNodes whose agent stopped renewing its Lease: what must
+    still be written, what the MigNodes say now, and what our last write went over."""
+
+    # node -> the Stale condition its MigNode must still get (True) or lose (False)
+    pending: dict[str, bool] = field(default_factory=dict)
+    # nodes whose MigNode says Stale=True now (from the MigNode events)
+    flagged: set[str] = field(default_factory=set)
+    # node -> the resourceVersion our last Stale write went over: while the newest body seen is
+    # still that one, it does not show the write yet and cannot tell whether one is needed
+    written_over: dict[str, str] = field(default_factory=dict)
+
+    def seen(self, node: str, stale: bool) -> None:
+        """The node's MigNode, as the watch shows it, says Stale=True (`stale`) or not."""
+        if stale:
+            self.flagged.add(node)
+        else:
+            self.flagged.discard(node)
+
+    def forget(self, node: str) -> None:
+        self.pending.pop(node, None)
+        self.flagged.discard(node)
+        self.written_over.pop(node, None)
+
+
+@dataclass
 class NodeHealth:
     """Which nodes the operator leaves alone, and why, in this order: the Node does not carry
     the opt-in labels (`selects`, the operator's `--node-selector`: `NotOptedIn`), the agent

@@ -91,9 +91,7 @@ class MigNodeWatch(Index):
         state = self.state
         state.publisher.forget(name)
         state.health.forget(name)
-        state.stale_marks.pop(name, None)
-        state.stale_flagged.discard(name)
-        state.stale_written_over.pop(name, None)
+        state.stale.forget(name)
 
     def _seen(self, body: Body) -> None:
         state, name = self.state, name_of(body)
@@ -102,10 +100,9 @@ class MigNodeWatch(Index):
             return  # logged by the cache
         state.publisher.observe(view.node)
         status = view.node.status
-        if status is not None and condition_status(status.conditions, STALE) == "True":
-            state.stale_flagged.add(name)
-        else:
-            state.stale_flagged.discard(name)
+        state.stale.seen(
+            name, status is not None and condition_status(status.conditions, STALE) == "True"
+        )
         overlap = condition_of(status.conditions, PUBLISHER_OVERLAP) if status else None
         held = overlap is not None and overlap.status == "True"
         state.health.mignode(

@@ -16,7 +16,7 @@ from kubernetes_asyncio.client import ApiClient
 from migpart.api.models import MigNode
 from migpart.clock import Clock
 from migpart.controller.effects import Effects
-from migpart.controller.health import NodeHealth
+from migpart.controller.health import NodeHealth, StaleMarks
 from migpart.controller.metrics import Metrics
 from migpart.controller.offers import Offers
 from migpart.controller.scope import ScopeCache
@@ -153,13 +153,8 @@ class OperatorState:
     elector: ElectionThread | None = None
     # what the API server serves for offer mode, asked once at start-up (kube/features.py)
     dra: DraFeatures = field(default_factory=lambda: DraFeatures.unknown("not asked yet"))
-    # node -> the Stale condition its MigNode must still get (True) or lose (False)
-    stale_marks: dict[str, bool] = field(default_factory=dict)
-    # nodes whose MigNode says Stale=True now (from the MigNode events)
-    stale_flagged: set[str] = field(default_factory=set)
-    # node -> the resourceVersion our last Stale write went over: while the newest body seen is
-    # still that one, it does not show the write yet and cannot tell whether one is needed
-    stale_written_over: dict[str, str] = field(default_factory=dict)
+    # the Stale condition of nodes whose agent stopped renewing its Lease
+    stale: StaleMarks = field(default_factory=StaleMarks)
     # offer mode: creates allocated placements and sets the claims' binding conditions
     relay: OfferRelay | None = None
     # `migpart operator --offer-publishing`: policies whose mode in effect is Offer publish

@@ -122,13 +122,13 @@ async def test_a_standby_publishes_no_slice_and_writes_no_condition() -> None:
     body = one_gpu("a", 5)
     publisher.observe(MigNode.model_validate(body))
     state.health.mignode("a", None)
-    state.stale_marks["a"] = True
+    state.stale.pending["a"] = True
     await handlers._node_health_tick(state)
     await handlers.mark_stale(state)
     assert effects.published == []
     assert effects.conditions == []
     assert effects.refused == []  # not even tried
-    assert state.stale_marks == {"a": True}
+    assert state.stale.pending == {"a": True}
     # leading now: the port bound to the term writes the mark and the slice
     assert await elector.try_acquire_or_renew()
     handlers.lead(state, elector.current())

@@ -345,17 +345,17 @@ async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last
         publisher.observe(MigNode.model_validate(body))
 
     seen(5, "True")
-    state.stale_marks["a"] = False  # the agent renews again: clear it
+    state.stale.pending["a"] = False  # the agent renews again: clear it
     await handlers.mark_stale(state)
     assert writes() == [("a", "5", "False")]
-    state.stale_marks["a"] = True  # stale again before the watch showed the clear
+    state.stale.pending["a"] = True  # stale again before the watch showed the clear
     await handlers.mark_stale(state)
     assert writes() == [("a", "5", "False")]
-    assert state.stale_marks == {"a": True}  # kept: revision 5 cannot tell
+    assert state.stale.pending == {"a": True}  # kept: revision 5 cannot tell
     seen(6, "False")  # the watch shows the clear
     await handlers.mark_stale(state)
     assert writes() == [("a", "5", "False"), ("a", "6", "True")]
-    assert state.stale_marks == {}
+    assert state.stale.pending == {}
 
 
 def opted_in(labels: Mapping[str, str]) -> bool:
