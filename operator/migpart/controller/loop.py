@@ -76,8 +76,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                 await clock.sleep(SETTLE_S)
     finally:
         state.metrics.forget_policy(name)
-        for per_policy in (state.first_pending, state.snapshots, state.plans):
-            per_policy.pop(name, None)
+        state.memory(name).loop_stopped()
 
 
 def report_failure(

@@ -40,7 +40,7 @@ from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, Pl
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import as_iso
 from migpart.kube.claims import body_key, claim_generation
-from migpart.kube.snapshot import SnapshotCache, node_name, reconfiguring
+from migpart.kube.snapshot import node_name, reconfiguring
 from migpart.mig import device_name
 from migpart.planning.changes import changed_nodes, choose_nodes, layout_changes
 from migpart.planning.model import GpuPlan, Plan, Snapshot
@@ -143,13 +143,16 @@ class PolicyRound:
         of policies with pending requests (they share the budget)."""
         now = self.clock.monotonic()
         if demand.requests:
-            first = self.state.first_pending.setdefault(self.name, now)
+            memory = self.state.memory(self.name)
+            if memory.first_pending is None:
+                memory.first_pending = now
+            first = memory.first_pending
             window_s = policy.spec.reconfiguration.batch_window_seconds
             if now - first < window_s:
                 self.retry_in_s = first + window_s - now
                 return False
         else:
-            self.state.first_pending.pop(self.name, None)
+            self.state.memory(self.name).first_pending = None
         paced_s = self.paced_s()
         if paced_s > 0:
             self.retry_in_s = paced_s
@@ -158,10 +161,10 @@ class PolicyRound:
 
     def paced_s(self) -> float:
         """How long until pacing lets this policy plan again (0: now)."""
-        last = self.state.last_plans.get(self.name)
+        last = self.state.memory(self.name).last_plan
         if last is None:
             return 0.0
-        pace_s = PACE_FACTOR * max(1, len(self.state.first_pending)) * last.cost_s
+        pace_s = PACE_FACTOR * max(1, self.state.pending_policies()) * last.cost_s
         return max(0.0, last.at + pace_s - self.clock.monotonic())
 
     async def plan_and_apply(
@@ -182,20 +185,18 @@ class PolicyRound:
             aged_requests(scope.demand.requests, self.cluster.waiting, self.clock.now())
         )
         inputs = PlanInputs(scope.nodes, allocated, requests, policy.metadata.get("generation"))
-        known = self.state.plans.get(self.name)
+        memory = self.state.memory(self.name)
+        known = memory.plan
         if known is not None and known[0] == inputs:
             return RoundResult(planned=True, plan=known[1]), None
-        snapshots = self.state.snapshots.setdefault(self.name, SnapshotCache())
-        snapshot = snapshots.build(scope.nodes, allocated, scope.tables)
+        snapshot = memory.snapshots.build(scope.nodes, allocated, scope.tables)
         started = time.perf_counter()
         plan = make_plan(snapshot, requests, policy.spec.policy_view())
         duration_s = time.perf_counter() - started
-        self.state.last_plans[self.name] = PlanTiming(
-            self.clock.monotonic(), time.perf_counter() - began
-        )
+        memory.last_plan = PlanTiming(self.clock.monotonic(), time.perf_counter() - began)
         self.state.metrics.plan_duration.labels(self.name).observe(duration_s)
         result, last_plan = await self.apply(policy, scope, snapshot, plan, duration_s)
-        self.state.plans[self.name] = (inputs, plan)  # applied in full (no Redo, no error)
+        memory.plan = (inputs, plan)  # applied in full (no Redo, no error)
         return result, last_plan
 
     async def apply(
@@ -235,8 +236,9 @@ class PolicyRound:
             f"satisfies {last_plan.satisfied}, unsatisfied {last_plan.unsatisfied}"
         )
         if policy.spec.mode == "DryRun":
-            if self.state.dry_reports.get(self.name) != repr(targets):
-                self.state.dry_reports[self.name] = repr(targets)
+            memory = self.state.memory(self.name)
+            if memory.dry_report != repr(targets):
+                memory.dry_report = repr(targets)
                 self.effects.event(self.body, "Normal", "DryRunPlan", message)
                 return result, last_plan
             return result, None
@@ -399,14 +401,14 @@ class PolicyRound:
             self.body,
             scope,
             last_plan,
-            self.state.statuses.get(self.name),
+            self.state.memory(self.name).status,
             excluded,
             now=as_iso(self.clock.now()),
             allocation=self.allocation(policy),
         )
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         written = (uid_of(self.body), dumped)
-        last = self.state.statuses.get(self.name)
+        last = self.state.memory(self.name).status
         if last == written:
             return
         if last is not None and last[0] == written[0] and _observed(last[1]) > _observed(dumped):
@@ -414,7 +416,7 @@ class PolicyRound:
             # already (an invalid spec, by policy_changed): an older verdict must not hide it
             return
         await self.effects.write_status(self.name, status)
-        self.state.statuses[self.name] = written
+        self.state.memory(self.name).status = written
 
 
 def policy_offer(state: OperatorState, name: str, policy: GpuPartitionPolicy) -> NodeOffer | None:
@@ -447,8 +449,8 @@ async def report_invalid(
 ) -> str:
     """Write the ValidationError as the Ready condition; returns the message for kopf."""
     now = as_iso(state.clock.now())
-    status, message = invalid_status(body, error, state.statuses.get(name), now)
+    status, message = invalid_status(body, error, state.memory(name).status, now)
     await state.effects.write_status(name, status)
     dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-    state.statuses[name] = (uid_of(body), dumped)
+    state.memory(name).status = (uid_of(body), dumped)
     return message

@@ -92,6 +92,32 @@ class PlanInputs:
 
 
 @dataclass
+class PolicyMemory:
+    """What the operator remembers of one policy between its rounds."""
+
+    # when (clock.monotonic) its oldest pending request was first seen
+    first_pending: float | None = None
+    # its last plan's timing (to pace planning under a stream of changes)
+    last_plan: PlanTiming | None = None
+    # the inputs of its last plan carried out in full, and the plan
+    plan: tuple[PlanInputs, Plan] | None = None
+    # its last snapshot, kept across rounds
+    snapshots: SnapshotCache = field(default_factory=SnapshotCache)
+    # what the last DryRun report said (to report each decision once)
+    dry_report: str | None = None
+    # (uid, the status last written): to write only changes, and to build the next status
+    # from, since the watch may not have shown the last write yet
+    status: tuple[str, dict[str, Any]] | None = None
+
+    def loop_stopped(self) -> None:
+        """Its planning loop stopped: what only a running loop uses goes; the status written,
+        the last plan's timing and the last DryRun report stay (to write only changes)."""
+        self.first_pending = None
+        self.plan = None
+        self.snapshots = SnapshotCache()
+
+
+@dataclass
 class OperatorState:
     api: ApiClient
     credentials: Credentials
@@ -109,10 +135,6 @@ class OperatorState:
     tick_s: float = 1.0
     # destroy protocol: how long to wait between the withdrawal and the confirming read
     withdraw_grace_s: float = 1.0
-    # policy name -> when (clock.monotonic) its oldest pending request was first seen
-    first_pending: dict[str, float] = field(default_factory=dict)
-    # policy name -> its last plan (to pace planning under a stream of changes)
-    last_plans: dict[str, PlanTiming] = field(default_factory=dict)
     # bumped on every change the indexes see: a loop skips a round when nothing changed
     changes: int = 0
     # (claim uid, generation) already told that nothing can satisfy it
@@ -124,20 +146,14 @@ class OperatorState:
     # nodes whose devices a running round has withdrawn and not yet dropped from their spec:
     # the other policies' rounds leave those withdrawals alone (controller/destroy.py)
     withdrawing: set[str] = field(default_factory=set)
-    # policy name -> what the last DryRun report said (to report each decision once)
-    dry_reports: dict[str, str] = field(default_factory=dict)
-    # policy name -> (uid, the status last written): to write only changes, and to build the
-    # next status from, since the watch may not have shown the last write yet
-    statuses: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     # MigNode name -> the body our last spec patch returned, until the watch shows it
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
     # parsed objects and per-claim outcomes, shared by every policy's rounds (scope.py)
     scopes: ScopeCache = field(default_factory=ScopeCache)
-    # the claim index's allocated devices, and each policy's last snapshot, kept across rounds
+    # the claim index's allocated devices, kept across rounds
     allocations: AllocatedDevices = field(default_factory=AllocatedDevices)
-    snapshots: dict[str, SnapshotCache] = field(default_factory=dict)
-    # policy name -> the inputs of its last plan carried out in full, and the plan
-    plans: dict[str, tuple[PlanInputs, Plan]] = field(default_factory=dict)
+    # policy name -> what the operator remembers of it between rounds (`memory`)
+    policies: dict[str, PolicyMemory] = field(default_factory=dict)
     # one planning loop per policy (loop.plan_policy)
     workers: Workers = field(default_factory=Workers)
     # the live index views the loops read (the MigNode watch's and `watched`), set at startup
@@ -179,6 +195,14 @@ class OperatorState:
         would be computed as reactive mode's slice (a round, or the take-over, says which
         nodes offer), and the take-over publishes every node anyway."""
         return self.leading() and (self.offers_known or not self.offer_publishing)
+
+    def memory(self, policy: str) -> PolicyMemory:
+        """What the operator remembers of `policy` (created empty the first time)."""
+        return self.policies.setdefault(policy, PolicyMemory())
+
+    def pending_policies(self) -> int:
+        """How many policies have pending requests now (they share the planning budget)."""
+        return sum(1 for memory in self.policies.values() if memory.first_pending is not None)
 
     def wake_all(self) -> None:
         self.changes += 1

@@ -106,7 +106,7 @@ async def test_after_a_plan_changes_wait_for_the_pace(monkeypatch: pytest.Monkey
         await until(ran, task)
         assert rounds == [False]
         [paced_until] = await waiting(clock, task)
-        last = state.last_plans["pa"]
+        last = state.memory("pa").last_plan
         assert paced_until == pytest.approx(last.at + PACE_FACTOR * last.cost_s)
         await burst(state, signals)
         assert rounds == [False]

@@ -198,7 +198,7 @@ async def test_the_round_after_the_relay_keeps_the_placement() -> None:
     assert relayed["spec"]["planId"] == done["spec"]["planId"]
     await run(world_.state, world({"a": done}, [claim, whole_gpu("c2")]))
     assert len(world_.effects.specs) == 1  # the round wrote nothing
-    assert world_.state.plans["pa"][1].unsatisfied
+    assert world_.state.memory("pa").plan[1].unsatisfied
 
 
 async def test_the_round_before_the_relay_counts_the_placement_as_used() -> None:
@@ -210,7 +210,7 @@ async def test_the_round_before_the_relay_counts_the_placement_as_used() -> None
     state = offline_state(effects)
     await run(state, world({"a": body}, [offered("c1", "gpu-0-3g40gb-4"), whole_gpu("c2")]))
     assert effects.specs == []
-    assert state.plans["pa"][1].unsatisfied
+    assert state.memory("pa").plan[1].unsatisfied
     # without the allocation the same round does repartition: the test can fail
     assert isinstance(state.clock, ManualClock)
     state.clock.advance(60)  # past the pacing of the first plan
@@ -356,7 +356,7 @@ async def test_a_round_plans_nothing_on_a_placement_backing_off() -> None:
     await world_.reported(done)
     await run(world_.state, world({"a": done}, [whole_gpu("c2")]))
     assert len(world_.effects.specs) == 1
-    assert world_.state.plans["pa"][1].unsatisfied
+    assert world_.state.memory("pa").plan[1].unsatisfied
     clock = world_.state.clock
     assert isinstance(clock, ManualClock)
     clock.advance(FAILED_BACKOFF_S)

@@ -164,12 +164,12 @@ async def test_busy_policies_share_one_planning_budget() -> None:
     assert scope is not None
     policy = state.scopes.policy("pa", cluster.policies["pa"])
     assert policy is not None
-    state.first_pending = {"pa": clock.monotonic()}
+    state.memory("pa").first_pending = clock.monotonic()
     clock.advance(3600)
-    state.last_plans["pa"] = PlanTiming(clock.monotonic(), 10.0)
+    state.memory("pa").last_plan = PlanTiming(clock.monotonic(), 10.0)
     assert not round_.may_plan(policy, scope.demand)
     assert round_.retry_in_s == PACE_FACTOR * 10.0
-    state.first_pending["pb"] = 0.0  # another policy has pending requests too
+    state.memory("pb").first_pending = 0.0  # another policy has pending requests too
     assert not round_.may_plan(policy, scope.demand)
     assert round_.retry_in_s == PACE_FACTOR * 10.0 * 2
     clock.advance(PACE_FACTOR * 10.0 * 2)
@@ -197,8 +197,8 @@ async def test_the_batch_window_then_the_pace_hold_a_plan_back_until_the_clock_m
     round_ = await run(state, cluster)
     assert not round_.deferred
     assert [node for node, _ in effects.specs] == ["a"]
-    assert state.last_plans["pa"].at == clock.monotonic()
-    pace_s = PACE_FACTOR * state.last_plans["pa"].cost_s
+    assert state.memory("pa").last_plan.at == clock.monotonic()
+    pace_s = PACE_FACTOR * state.memory("pa").last_plan.cost_s
     round_ = await run(state, cluster)  # the claim is still pending: the next plan is paced
     assert round_.deferred
     assert round_.retry_in_s == pytest.approx(pace_s)
