@@ -1,0 +1,115 @@
+"""Offer mode's second design on a real kubelet (issue 35, the agent's part): a node whose
+MigNode spec says `allocation: Offer` gets an instance made when kubelet prepares the claim,
+a free instance in the placement's way destroyed first, and the instance kept after the pod
+for the next claim of that placement.
+
+The operator side of the design (a stable pool per offering node) is not built yet, so the
+test publishes that pool itself, as the operator will: GPU 0's counter set (the production
+`counter_set`) and every placement it lists as a device consuming the production
+`consumed_counters`, in the listing order, with no binding condition. The node does not opt
+in to migpart (`migpart.io/managed` None), so the suite's operator leaves it, its slices and
+its spec alone. On Kubernetes 1.34 the API server drops the counters (partitionable devices
+are not served there), so the test runs where they are served and checks that elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from migpart.api.models import GpuStatus
+from migpart.api.selectors import MANAGED_LABEL
+from migpart.dra import DRIVER
+from migpart.offer_content import consumed_counters, counter_set, counter_set_name
+from migpart.slice_content import slice_device
+from migpart.testing.builders import RESOURCE_API
+from tests.e2e.conftest import H100, SERVED, Scenario
+
+# the pool's listing order: the 4g.40gb first, then the 1g.10gb from the top down
+LISTED = [("4g.40gb", 0), ("1g.10gb", 6), ("1g.10gb", 5)]
+
+
+def profile_is(profile: str) -> str:
+    return f'device.attributes["{DRIVER}"].profile == "{profile}"'
+
+
+def publish_pool(scenario: Scenario, node: str, gpu: GpuStatus) -> None:
+    """The node's stable pool in two slices: the counter set, then the devices in order."""
+    table = gpu.table()
+    devices = []
+    for profile, start in LISTED:
+        device = slice_device(0, table.profile(profile), start, gpu.model, gpu.uuid)
+        device["consumesCounters"] = [
+            {
+                "counterSet": counter_set_name(0),
+                "counters": {
+                    k: {"value": str(v)}
+                    for k, v in consumed_counters(table.profile(profile), start).items()
+                },
+            }
+        ]
+        devices.append(device)
+    pool = {"name": node, "generation": 1, "resourceSliceCount": 2}
+    bodies = [
+        {"sharedCounters": [counter_set(0, table)]},
+        {"devices": devices},
+    ]
+    for k, extra in enumerate(bodies):
+        body: dict[str, Any] = {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-stable-{k}"},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": pool, **extra},
+        }
+        scenario.tb.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def spec(scenario: Scenario, node: str, *instances: tuple[str, int]) -> None:
+    listed = [{"profile": p, "start": s} for p, s in instances]
+    gpus = [{"index": 0, "instances": listed}]
+    body = {"spec": {"planId": f"offer-{len(listed)}", "allocation": "Offer", "gpus": gpus}}
+    scenario.tb.kubectl("patch", "mignode", node, "--type=merge", "-p", json.dumps(body))
+
+
+def layout(scenario: Scenario, node: str) -> dict[tuple[str, int], dict[str, Any]]:
+    gpu = scenario.gpus(node)[0]
+    return {(i["profile"], i["start"]): i for i in gpu.get("instances", [])}
+
+
+def test_prepare_destroys_a_free_instance_in_the_way_makes_the_placement_and_keeps_it(
+    scenario: Scenario,
+) -> None:
+    node = scenario.add_node(f"{H100}:1", labels={MANAGED_LABEL: None})
+    # a free 1g.10gb@0, in the way of 4g.40gb@0, made ahead by the spec, then no longer listed
+    spec(scenario, node, ("1g.10gb", 0))
+    scenario.eventually("1g.10gb@0 made", lambda: ("1g.10gb", 0) in layout(scenario, node))
+    spec(scenario, node)
+    gpu = GpuStatus.model_validate(scenario.gpus(node)[0])
+    publish_pool(scenario, node, gpu)
+    stored = scenario.get("resourceslice", f"{node}-stable-1")["spec"]["devices"][0]
+    assert ("consumesCounters" in stored) == SERVED
+    if not SERVED:
+        return  # 1.34: no counters, no offer mode (test_allocator_order shows the rest)
+    assert ("1g.10gb", 0) in layout(scenario, node)  # kept: an offering node destroys nothing
+
+    scenario.pod("big", profile_is("4g.40gb"))
+    [device] = scenario.wait_served("big")
+    assert device["device"] == "gpu-0-4g40gb-0"
+    now = layout(scenario, node)
+    assert ("1g.10gb", 0) not in now  # destroyed first, being free
+    assert now[("4g.40gb", 0)]["state"] in ("Prepared", "Busy")
+
+    scenario.pod("small", profile_is("1g.10gb"))
+    [first] = scenario.wait_served("small")
+    assert first["device"] == "gpu-0-1g10gb-6"  # the listing's order
+    made = layout(scenario, node)[("1g.10gb", 6)]["uuid"]
+    scenario.finish("small")
+    scenario.eventually(
+        "small unprepared, its instance kept free",
+        lambda: layout(scenario, node).get(("1g.10gb", 6), {}).get("state") == "Free",
+    )
+    scenario.pod("next", profile_is("1g.10gb"))
+    [again] = scenario.wait_served("next")
+    assert again["device"] == "gpu-0-1g10gb-6"  # the first fit is the instance left behind
+    assert layout(scenario, node)[("1g.10gb", 6)]["uuid"] == made  # reused, not made again
+    assert scenario.monitor.violations == []
