@@ -33,11 +33,13 @@ def profile_is(profile: str) -> str:
     return f'device.attributes["{DRIVER}"].profile == "{profile}"'
 
 
-def publish_pool(scenario: Scenario, node: str, gpu: GpuStatus) -> None:
+def publish_pool(
+    scenario: Scenario, node: str, gpu: GpuStatus, listed: list[tuple[str, int]] = LISTED
+) -> None:
     """The node's stable pool in two slices: the counter set, then the devices in order."""
     table = gpu.table()
     devices = []
-    for profile, start in LISTED:
+    for profile, start in listed:
         device = slice_device(0, table.profile(profile), start, gpu.model, gpu.uuid)
         device["consumesCounters"] = [
             {
@@ -112,4 +114,44 @@ def test_prepare_destroys_a_free_instance_in_the_way_makes_the_placement_and_kee
     [again] = scenario.wait_served("next")
     assert again["device"] == "gpu-0-1g10gb-6"  # the first fit is the instance left behind
     assert layout(scenario, node)[("1g.10gb", 6)]["uuid"] == made  # reused, not made again
+    assert scenario.monitor.violations == []
+
+
+def test_an_instance_in_the_way_still_prepared_is_destroyed_only_after_its_unprepare(
+    scenario: Scenario,
+) -> None:
+    """The race of the design: kube-scheduler frees a claim's counters once its pod is gone
+    from the API server, and may allocate an overlapping placement before kubelet unprepared
+    the claim. Here kubelet cannot unprepare it (the agent is killed), pod `a` is deleted,
+    pod `b` is allocated the 7g.80gb over `a`'s 1g.10gb, and the agent starts again with `a`
+    still in its checkpoint. Whichever kubelet asks first, the 1g.10gb is destroyed only
+    after `a` was unprepared (a prepare of `b` before that is refused, and kubelet retries;
+    tests/unit/agent/test_prepare_offer.py forces that order)."""
+    node = scenario.add_node(f"{H100}:1", labels={MANAGED_LABEL: None})
+    spec(scenario, node)
+    gpu = GpuStatus.model_validate(scenario.gpus(node)[0])
+    publish_pool(scenario, node, gpu, [("1g.10gb", 6), ("7g.80gb", 0)])
+    if not SERVED:
+        return  # 1.34: no counters, no offer mode (the first test checks the fields dropped)
+    scenario.pod("a", profile_is("1g.10gb"))
+    assert scenario.wait_served("a")[0]["device"] == "gpu-0-1g10gb-6"
+    scenario.cluster.kill_agent(node)
+    scenario.tb.kubectl(
+        "delete", "pod", "a", "-n", scenario.namespace, "--force", "--grace-period=0"
+    )
+    scenario.pod("b", profile_is("7g.80gb"))
+    scenario.eventually("b allocated the 7g.80gb", lambda: bool(scenario.allocated("b")))
+    scenario.cluster.start_agent(node)
+    [device] = scenario.wait_served("b", timeout_s=180)
+    assert device["device"] == "gpu-0-7g80gb-0"
+    log = (scenario.cluster.dir / "logs" / f"agent-{node}.log").read_text().splitlines()
+    events = [json.loads(line) for line in log if line.startswith("{")]
+    steps = [
+        e["event"]
+        for e in events
+        if e["event"] in ("claim_unprepared", "mig_instance_destroyed_for_prepare")
+        or (e["event"] == "claim_prepare_failed" and "prepared for claim" in e.get("error", ""))
+    ]
+    assert steps[-2:] == ["claim_unprepared", "mig_instance_destroyed_for_prepare"], steps
+    assert list(layout(scenario, node)) == [("7g.80gb", 0)]
     assert scenario.monitor.violations == []
