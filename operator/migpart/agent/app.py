@@ -150,6 +150,7 @@ async def serve(
         cdi,
         on_change=agent.poke,
         offering=agent.offering,
+        counted=lambda kind: metrics.operations.labels(config.node, kind).inc(),
     )
     plugin = KubeletPlugin(driver, config.plugin_dir, config.registration_dir)
     if config.kubelet_plugin and config.report_registration:

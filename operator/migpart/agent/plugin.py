@@ -44,7 +44,7 @@ from migpart.agent.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from migpart.agent.reconciler import create_locked, make_room_locked
+from migpart.agent.reconciler import OpKind, create_locked, make_room_locked
 from migpart.api.models import KubeletPluginStatus
 from migpart.dra import DRIVER, DeviceId, ours
 from migpart.errors import MigpartError
@@ -84,11 +84,13 @@ class DraDriver:
         cdi: CdiWriter,
         on_change: Callable[[], None] | None = None,
         offering: Callable[[], bool] = lambda: False,
+        counted: Callable[[OpKind], None] = lambda kind: None,
     ) -> None:
         self.on_change = on_change  # tells the agent loop to report the new instance states
         # whether the node's MigNode spec says Offer (`MigNodeSpec.allocation`): its pool
         # lists every placement with counters, so prepare may destroy free instances in the way
         self.offering = offering
+        self.counted = counted  # an instance created or destroyed here (the agent's metric)
         self.node = node
         self.backend = backend
         self.claims = claims
@@ -123,13 +125,19 @@ class DraDriver:
                     inst = Instance(profile.name, start)
                     if self.offering():
                         blocked = await make_room_locked(
-                            self.backend, self.checkpoint, table, gpu.index, inst
+                            self.backend,
+                            self.checkpoint,
+                            table,
+                            gpu.index,
+                            inst,
+                            destroyed=lambda: self.counted("destroy"),
                         )
                         if blocked is not None:
                             raise PrepareError(f"device {device} not created yet: {blocked}")
                     failure = await create_locked(self.backend, table, gpu.index, inst)
                     if failure is not None:
                         raise PrepareError(f"device {device} not created: {failure.message}")
+                    self.counted("create")
                     log.info("placement_created_at_prepare", node=self.node, device=device)
                     return
         raise PrepareError(f"device {device} does not exist on node {self.node}")

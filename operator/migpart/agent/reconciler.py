@@ -44,7 +44,7 @@ from migpart.errors import GpuBusy, NvmlFailure
 from migpart.mig import Instance, layout_problems
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from migpart.agent.backend import GpuInfo, MigInstance, NvmlBackend
     from migpart.agent.checkpoint import Checkpoint
@@ -288,7 +288,12 @@ async def create_locked(
 
 
 async def make_room_locked(
-    backend: NvmlBackend, checkpoint: Checkpoint, table: ModelTable, gpu: int, inst: Instance
+    backend: NvmlBackend,
+    checkpoint: Checkpoint,
+    table: ModelTable,
+    gpu: int,
+    inst: Instance,
+    destroyed: Callable[[], None] = lambda: None,
 ) -> str | None:
     """Destroy the free instances on `gpu` that `inst` would overlap, for an offering node's
     prepare (the caller holds the checkpoint lock): its pool lists every placement with the
@@ -316,6 +321,7 @@ async def make_room_locked(
         except NvmlFailure as err:
             if err.code != pynvml.NVML_ERROR_NOT_FOUND:
                 raise
+        destroyed()
         log.info(
             "mig_instance_destroyed_for_prepare",
             gpu=gpu,

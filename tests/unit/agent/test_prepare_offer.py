@@ -56,7 +56,11 @@ async def test_a_free_instance_in_the_way_is_destroyed_then_the_placement_create
     await sim.create(0, "1g.10gb", 6)  # not in the way of 4g.40gb@0: stays
     claims = InMemoryClaims()
     sim.calls.clear()
-    await driver(tmp_path, sim, claims, checkpoint).prepare(claim(claims, "a", "gpu-0-4g40gb-0"))
+    plugin = driver(tmp_path, sim, claims, checkpoint)
+    counted: list[str] = []
+    plugin.counted = counted.append
+    await plugin.prepare(claim(claims, "a", "gpu-0-4g40gb-0"))
+    assert counted == ["destroy", "create"]  # the agent's migpart_agent_mig_operations_total
     assert sim.calls == [
         "destroy_ci 0 1g.10gb@0",
         "destroy_gi 0 1g.10gb@0",
