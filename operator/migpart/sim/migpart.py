@@ -62,11 +62,6 @@ class Migpart:
     hold_s: float = 1800.0
     name: str = "migpart"
     cpu_clock: Callable[[], float] = time.process_time
-    # The pods a round plans for (None: every pending pod) and what follows a round that
-    # changed nodes: offer mode's rounds (`sim.offer.Offer`) plan only for the pods the
-    # scheduler found unschedulable, and the scheduler then tries every pending pod again.
-    plans_for: Callable[[Engine], Sequence[SimPod]] | None = None
-    after_round: Callable[[Engine], None] | None = None
     rounds: int = 0
     _round_due: bool = False
     _busy_until: dict[int, float] = field(default_factory=dict)
@@ -111,9 +106,7 @@ class Migpart:
         now = engine.now
         busy = {n for n, t in self._busy_until.items() if t > now}
         room = self.max_concurrent_nodes - len(busy)
-        pending = (
-            list(engine.pending.values()) if self.plans_for is None else self.plans_for(engine)
-        )
+        pending = list(engine.pending.values())
         if room <= 0 or (not pending and not self.policy.spares and not self.spares_total):
             return
         idle = [n for n in range(len(cluster.names)) if n not in busy]
@@ -158,8 +151,6 @@ class Migpart:
                 for inst, state in list(gpu.instances.items()):
                     if state.ready and state.holder is None:
                         engine.destroy(held, gpu.index, inst)
-        if chosen and self.after_round is not None:
-            self.after_round(engine)
 
     def _held(self, engine: Engine) -> int | None:
         """The held node's index while its request still waits."""

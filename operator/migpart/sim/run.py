@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from migpart.errors import InvalidInput
 from migpart.mig import ModelTable
+from migpart.planning.listing import name_order
 from migpart.planning.model import PolicyView
 from migpart.sim.cluster import SimCluster
 from migpart.sim.engine import Engine, Outcome, Policy
@@ -25,9 +26,9 @@ from migpart.sim.policies import FirstFit, Static, whole_gpu_pods
 from migpart.sim.workload import SimPod, at_load, jittered, sped_up
 
 BUILTIN = ("mig-off", "all-7g", "all-balanced", "best-static", "first-fit", "migpart", "offer")
-# Policies run only when named (not by `--policies all`): earlier models kept to reproduce
-# their figures.
-VARIANTS = ("offer-optimistic",)
+# Policies run only when named (not by `--policies all`): `offer` in NVIDIA's listing order,
+# to compare the orders (docs/offer-simulation.md).
+VARIANTS = ("offer-name-order",)
 # Every policy name `--policies` takes, besides the static ones.
 NAMED = (*BUILTIN, *VARIANTS)
 # Candidate mixes the best-static search may try, the first included.
@@ -151,28 +152,9 @@ def make_policy(
             hold_s=config.hold_s,
         ), pods
     if name == "offer":
-        return Offer(
-            policy=config.planner_policy,
-            actuation_s=config.actuation_s,
-            batch_window_s=config.batch_window_s,
-            max_concurrent_nodes=config.max_concurrent_nodes,
-            age_s=config.age_s,
-            spares_total=config.spares_total,
-            hold_used=config.hold_used,
-            hold_s=config.hold_s,
-        ), pods
-    if name == "offer-optimistic":
-        # The earlier model of offer mode: displacing placements taken at once, no round
-        # (docs/offer-simulation.md, "Results"), kept to reproduce its figures.
-        return Offer(
-            policy=config.planner_policy,
-            actuation_s=config.actuation_s,
-            batch_window_s=config.batch_window_s,
-            displace_at_once=True,
-            hold_used=config.hold_used,
-            hold_s=config.hold_s,
-            name=name,
-        ), pods
+        return Offer(config.actuation_s, config.planner_policy), pods
+    if name == "offer-name-order":
+        return Offer(config.actuation_s, config.planner_policy, name_order, name), pods
     if name in config.static:
         return Static(name, config.static[name]), pods
     known = ", ".join([*NAMED, *config.static])

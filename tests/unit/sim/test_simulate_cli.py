@@ -129,5 +129,5 @@ def test_nvidias_stock_config_is_simulated_with_one_warning_per_skip(
 
 
 def test_a_variant_runs_when_named(capsys: pytest.CaptureFixture[str]) -> None:
-    assert simulate.main([*SHORT, "--policies", "first-fit,offer-optimistic", "--seeds", "1"]) == 0
-    assert "\noffer-optimistic " in capsys.readouterr().out
+    assert simulate.main([*SHORT, "--policies", "first-fit,offer-name-order", "--seeds", "1"]) == 0
+    assert "\noffer-name-order " in capsys.readouterr().out
