@@ -212,7 +212,7 @@ async def test_an_agent_killed_between_create_and_the_cdi_write_reuses_the_insta
     def die(claim_uid: str, devices: object) -> None:
         raise _Killed
 
-    plugin.cdi.write = die  # type: ignore[assignment,method-assign]
+    plugin.cdi.write = die  # type: ignore[method-assign]
     with pytest.raises(_Killed):
         await plugin.prepare(ref)
     assert checkpoint.claims() == []  # not recorded: kubelet was told nothing
