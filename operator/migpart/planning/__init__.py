@@ -7,5 +7,6 @@ walks it module by module.
 - one node packed exactly: `packer`, `packing`, `targets`, `transport`, `classes`, `cost`;
 - beside a plan: `spares`, `overtime` (the objective over time), `changes` (which GPUs and
   nodes a plan changes, and which to reconfigure now), `codec` (the `migpart plan` contract);
-- offer mode: `offer` (which placements a node offers, in which order).
+- offer mode: `offer` (which placements a node offers, in which order), `listing` (the
+  order a stable pool lists every placement in).
 """
