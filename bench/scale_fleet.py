@@ -9,9 +9,10 @@ taken out:
   when the API server says the version is gone) instead of one watch per node. A node's loop
   is told when its spec changes (a new generation or a new object), not on each status write:
   the real agent reads the same spec again then and writes nothing;
-- the node Leases renewed by one task, a slice of the fleet every `TICK_S` so that each Lease
-  is renewed every `LEASE_RENEW_S` as the agent does (`migpart.agent.lease.NodeLease.renew`:
-  one PUT at the last resourceVersion), a failed renewal tried again at the next tick;
+- the node Leases renewed from one timer, a slice of the fleet every `TICK_S` so that each
+  Lease is renewed every `LEASE_RENEW_S` as the agent does (`migpart.agent.lease.NodeLease.renew`:
+  one PUT at the last resourceVersion), each renewal on its own (one answered late delays
+  its node only), a failed one tried again at the next tick;
 - one ApiClient whose connections are capped (`CONNECTIONS`): writes queue for a connection
   instead of opening a thousand;
 - no kubelet plugin (no kubelet runs here, nothing is prepared: every checkpoint stays empty),
@@ -83,8 +84,12 @@ from migpart.kube.client import api_client
 from migpart.kube.watch import follow
 from migpart.types import Body
 
-# One for the watch, the rest for status writes, Lease renewals and MigNode creates.
-CONNECTIONS = 32
+# One for the watch, the rest for status writes, Lease renewals and MigNode creates. A renewal
+# is stamped when it is made: one that waits for a connection arrives late. At 1,000 nodes
+# (100 renewals a second) with the API server answering in a second or two on a loaded
+# machine, 32 connections held renewals back until Leases lapsed (N agents have N
+# connections); 256 keep up with answers of up to 2.5 s.
+CONNECTIONS = 256
 # How often a slice of the fleet's Leases is renewed.
 TICK_S = 0.5
 # A fleet node's GPUs change only when its spec does: no pass on a timer.
@@ -232,6 +237,10 @@ class Fleet:
             for node, store in self.stores.items()
         ]
         self.leases = [NodeLease(api, node, renew_s=renew_s) for node in nodes]
+        # each Lease is in one of: due (oldest renewal first), being renewed, to retry
+        self._due = collections.deque(self.leases)
+        self._retry: list[NodeLease] = []
+        self._failures: list[tuple[str, BaseException]] = []
         self._listed: dict[str, Body] | None = None  # the first list, until every node read it
         self._synced = asyncio.Event()
         self._node_uids: dict[str, str] | None = None
@@ -312,42 +321,41 @@ class Fleet:
     # ------------------------------------------------------------ Leases
 
     async def renew_leases(self) -> None:
-        """Renew every node's Lease once per `renew_s`: each `TICK_S` the share of the fleet
-        due by then, oldest renewal first, and the renewals that failed at the last tick.
-        Failures are logged once per tick."""
-        due = collections.deque(self.leases)
-        retry: list[NodeLease] = []
+        """Renew every node's Lease once per `renew_s`: each `TICK_S` start the share of the
+        fleet due by then (oldest renewal first) and the renewals that failed since the last
+        tick. Each renewal runs on its own, so that one the API server answers late delays
+        that node's Lease only, as it would delay one agent's; a Lease is renewed by one
+        request at a time. Failures are logged once per tick."""
         per_tick = len(self.leases) * TICK_S / self.renew_s
         owed = 0.0  # renewals due and not started yet (a fraction, with few nodes)
-        loop = asyncio.get_running_loop()
         while True:
-            started = loop.time()
             owed += per_tick
-            take = min(int(owed), len(due))
+            take = min(int(owed), len(self._due))
             owed -= take
-            batch = retry + [due.popleft() for _ in range(take)]
-            outcomes = await asyncio.gather(
-                *(lease.renew() for lease in batch), return_exceptions=True
-            )
-            failed: list[tuple[NodeLease, BaseException]] = []
-            for lease, outcome in zip(batch, outcomes, strict=True):
-                if outcome is None:
-                    due.append(lease)
-                elif isinstance(outcome, TimeoutError | ApiException | aiohttp.ClientError):
-                    failed.append((lease, outcome))
-                else:
-                    raise outcome
-            retry = [lease for lease, _ in failed]
-            if failed:
-                lease, error = failed[0]
+            batch = self._retry + [self._due.popleft() for _ in range(take)]
+            self._retry = []
+            for lease in batch:
+                self.spawn(self._renew(lease), f"lease-{lease.node}")
+            if self._failures:
+                node, error = self._failures[0]
                 log.warning(
                     "node_lease_renewals_failed",
-                    nodes=len(failed),
-                    first=lease.node,
+                    renewals=len(self._failures),
+                    first=node,
                     error=(str(error).splitlines() or [type(error).__name__])[0][:200],
                     retry="at the next tick",
                 )
-            await asyncio.sleep(max(0.0, TICK_S - (loop.time() - started)))
+                self._failures = []
+            await asyncio.sleep(TICK_S)
+
+    async def _renew(self, lease: NodeLease) -> None:
+        try:
+            await lease.renew()
+        except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+            self._failures.append((lease.node, err))
+            self._retry.append(lease)
+            return
+        self._due.append(lease)
 
     # ------------------------------------------------------------ all of it
 
