@@ -118,7 +118,7 @@ bench: venv
 	$(PY) -m bench.planner
 
 # End to end at scale on the testbed: minutes per size (see bench/scale.py). The agents are the
-# fleet (bench/scale_fleet.py, one process and one watch); --agents processes for the real ones.
+# fleet (bench/scale_fleet.py, one process and one watch).
 bench-scale: venv proto testbed
 	$(PY) -m bench.scale --sizes 100,300,1000
 

@@ -8,21 +8,19 @@ kube-controller-manager on loopback; the binary is cached) and:
    Kubelets: none. Pods are bound by kube-scheduler but never run: the one light stand-in
    the project allows, at this scale only;
 2. starts the agents of every node in one process and waits until every MigNode reports its
-   GPUs, so that agent start-up is not part of the burst. By default (`--agents fleet`) that
-   is the fleet, bench/scale_fleet.py: each node's real reconcile loop (`Agent`: fencing,
-   `reconcile_once` on the simulated NVML of 8 x H100 80GB, the real status with its uuids,
-   conditions and `observedPlanId`) with NVML latency `--latency-ms` (0: each status follows
-   its spec at once), but one MigNode watch for the whole fleet instead of one per node, the
-   node Leases renewed in slices by one task, a capped connection pool, and no kubelet plugin
-   or metrics port. It stands for N agents on N machines, as a light stand-in: what the
-   operator and the control plane see (MigNode statuses, Lease renewals every 10 s) is what
-   N agents would write, while this machine is spared N watches and N agents' event loops.
-   That is what fits 1,000 nodes on 2 cores. `--agents processes` starts the real
-   `migpart.agent.app.serve` of every node instead (bench/scale_agents.py: its own MigNode
-   watch and Lease task each, one asyncio loop and one ApiClient); at 1,000 nodes this
-   machine could not keep their Leases beside the control plane. Either runs at nice -5
-   where permitted, since it stands for N machines whose Lease renewals would not wait
-   behind the control plane;
+   GPUs, so that agent start-up is not part of the burst: the fleet, bench/scale_fleet.py:
+   each node's real reconcile loop (`Agent`: fencing, `reconcile_once` on the simulated NVML
+   of 8 x H100 80GB, the real status with its uuids, conditions and `observedPlanId`) with
+   NVML latency `--latency-ms` (0: each status follows its spec at once), but one MigNode
+   watch for the whole fleet instead of one per node, the node Leases renewed in slices by
+   one task, a capped connection pool, and no kubelet plugin or metrics port. It stands for
+   N agents on N machines, as a light stand-in: what the operator and the control plane see
+   (MigNode statuses, Lease renewals every 10 s) is what N agents would write, while this
+   machine is spared N watches and N agents' event loops. That is what fits 1,000 nodes on
+   2 cores (every node's `migpart.agent.app.serve`, each with its own watch and Lease task,
+   as this bench ran before, could not keep 1,000 nodes' Leases beside the control plane).
+   It runs at nice -5 where permitted, since it stands for N machines whose Lease renewals
+   would not wait behind the control plane;
 3. applies two GpuPartitionPolicies (pool a, pool b; Active; batch window 1 s; no spares;
    maxConcurrentNodes = the pool's size) and starts the real operator (`migpart operator`)
    as a user of its own, so that the API server's audit log counts its requests; waits until
@@ -61,8 +59,7 @@ default API QPS, every pod bound within 1.1 x the baseline's time.
 
 One line per size, then the growth between sizes and the targets (met or NOT met; a
 benchmark prints, it does not assert). Usage: `python -m bench.scale [--sizes 100,300,1000]
-[--latency-ms 0] [--pods-per-node 2] [--timeout-s 180] [--allocation reactive|offer]
-[--agents fleet|processes]`;
+[--latency-ms 0] [--pods-per-node 2] [--timeout-s 180] [--allocation reactive|offer]`;
 `make bench-scale` runs 100, 300 and 1,000 nodes.
 """
 
@@ -91,12 +88,10 @@ MODES = {
 }
 
 
-AGENTS = {
-    "fleet": "agents: the fleet (bench/scale_fleet.py: every node's reconcile loop in one "
-    "process on one MigNode watch, Leases renewed in slices; a light stand-in for N agents)",
-    "processes": "agents: the real agent of every node in one process (bench/scale_agents.py: "
-    "a MigNode watch and a Lease task per node)",
-}
+AGENTS = (
+    "agents: the fleet (bench/scale_fleet.py: every node's reconcile loop in one process on one"
+    " MigNode watch, Leases renewed in slices; a light stand-in for N agents)"
+)
 
 
 def sizes(text: str) -> list[int]:
@@ -155,14 +150,6 @@ def main() -> int:
         "profile a node offers; default: the operator's default)",
     )
     p.add_argument(
-        "--agents",
-        choices=tuple(AGENTS),
-        default="fleet",
-        help="fleet: every node's reconcile loop in one process on one MigNode watch "
-        "(bench/scale_fleet.py; fits 1,000 nodes on 2 cores); processes: the real agent of "
-        "every node, each with its own watch (bench/scale_agents.py)",
-    )
-    p.add_argument(
         "--no-baseline",
         dest="baseline",
         action="store_false",
@@ -189,7 +176,7 @@ def main() -> int:
         f" (nice {AGENTS_NICE} where permitted: they stand for machines of their own)",
         flush=True,
     )
-    print(AGENTS[args.agents], flush=True)
+    print(AGENTS, flush=True)
     print(MODES[args.allocation], flush=True)
     if args.election_pairs > 0:
         for nodes in args.sizes:

@@ -264,20 +264,19 @@ class Size:
         )
 
     async def start_agents(self) -> int:
-        """Start the agents of every node (`--agents`: the fleet, bench/scale_fleet.py, or the
-        real agents in one process, bench/scale_agents.py) on GPUs without MIG instances (a
+        """Start the agents of every node (the fleet, bench/scale_fleet.py) on GPUs without
+        MIG instances (a
         state directory of their own each time), and wait until every MigNode reports its GPUs,
         so that agent start-up is not part of a burst."""
         self.agent_runs += 1
         nodes_file = self.work / "nodes.txt"
         nodes_file.write_text("\n".join(node_names(self.nodes)) + "\n")
-        module = "bench.scale_fleet" if self.args.agents == "fleet" else "bench.scale_agents"
         agents = self.children.spawn(
             "agents",
             [
                 sys.executable,
                 "-m",
-                module,
+                "bench.scale_fleet",
                 "--kubeconfig",
                 str(self.testbed.kubeconfig),
                 "--nodes-file",

@@ -202,7 +202,6 @@ def test_bench_scale_binds_every_pod_through_the_fleet() -> None:
             "-m",
             "bench.scale",
             "--sizes=4",
-            "--agents=fleet",
             "--no-baseline",
             "--idle-s=1",
             "--timeout-s=600",
