@@ -42,6 +42,19 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+class UsageError(Exception):
+    """A command-line mistake, already worded `PROG: MESSAGE`; the command's `main` prints it
+    and returns 2."""
+
+
+class ReturningParser(Parser):
+    """A `Parser` for a command whose `main(argv)` returns its exit status (`plan`,
+    `simulate`): a mistake raises `UsageError` instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 

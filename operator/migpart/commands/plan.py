@@ -16,12 +16,11 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 from pydantic import ValidationError
 
 from migpart.api.models import GpuPartitionPolicySpec, ProfileInfo
-from migpart.commands.options import DefaultsHelpFormatter, log_level
+from migpart.commands.options import ReturningParser, UsageError, log_level
 from migpart.errors import InvalidInput
 from migpart.mig import Profile
 from migpart.planning.codec import Parsers, encode_plan, parse_input
@@ -29,21 +28,8 @@ from migpart.planning.model import PolicyView
 from migpart.planning.planner import plan
 
 
-class _Usage(Exception):
-    """A command-line mistake; reported as one line, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _Usage(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="migpart plan",
-        description=__doc__.splitlines()[0],
-        formatter_class=DefaultsHelpFormatter,
-    )
+    parser = ReturningParser(prog="migpart plan", description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="snapshot JSON file ('-' for stdin)")
     parser.add_argument("--output", help="write the plan JSON here instead of stdout")
     parser.add_argument(
@@ -98,10 +84,7 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
         document = _read(args.input)
         parsed = parse_input(document, PARSERS)
-    except _Usage as exc:
-        print(f"migpart plan: {exc}", file=sys.stderr)
-        return 2
-    except InvalidInput as exc:
+    except (UsageError, InvalidInput) as exc:
         print(str(exc).replace("\n", " "), file=sys.stderr)
         return 2
 

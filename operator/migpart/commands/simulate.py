@@ -11,9 +11,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
 
-from migpart.commands.options import DefaultsHelpFormatter
+from migpart.commands.options import ReturningParser, UsageError
 from migpart.errors import InvalidInput
 from migpart.mig import CATALOG
 from migpart.planning.model import PolicyView, Spare
@@ -25,21 +24,8 @@ from migpart.sim.workload import load_workload
 _DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 
 
-class _Usage(Exception):
-    """A command-line mistake; reported as one line, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _Usage(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="migpart simulate",
-        description=__doc__.splitlines()[0],
-        formatter_class=DefaultsHelpFormatter,
-    )
+    p = ReturningParser(prog="migpart simulate", description=__doc__.splitlines()[0])
     p.add_argument("--trace", required=True, help="Alibaba openb_pod_list CSV, or simple CSV/JSON")
     p.add_argument("--nodes", type=int, default=5, help="GPU nodes (default 5)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
@@ -222,10 +208,7 @@ def main(argv: list[str]) -> int:
 
             for path in write_plots(result, Path(args.plot)):
                 print(f"wrote {path}", file=sys.stderr)
-    except _Usage as exc:
-        print(f"migpart simulate: {exc}", file=sys.stderr)
-        return 2
-    except InvalidInput as exc:
+    except (UsageError, InvalidInput) as exc:
         print(str(exc).replace("\n", " "), file=sys.stderr)
         return 2
     return 0
