@@ -97,6 +97,27 @@ class _Meta:
         self.metadata.setdefault("labels", {}).update(labels)
         return self
 
+    def _object(self, api_version: str, kind: str, **parts: Any) -> dict[str, Any]:
+        """The object of this metadata with these top-level parts (spec, status), in that
+        order; a part that is None is left out."""
+        body: dict[str, Any] = {"apiVersion": api_version, "kind": kind}
+        body["metadata"] = dict(self.metadata)
+        body.update({key: part for key, part in parts.items() if part is not None})
+        return body
+
+
+class _SpecFields(_Meta):
+    """A builder whose spec takes fields as they are."""
+
+    def __init__(self, name: str, namespace: str | None, spec: dict[str, Any]) -> None:
+        super().__init__(name, namespace)
+        self._spec = spec
+
+    def spec(self, **fields: Any) -> Self:
+        """Spec fields as they are (camelCase)."""
+        self._spec.update(fields)
+        return self
+
 
 class ClaimBuilder(_Meta):
     """A ResourceClaim (`obj()`) or a ResourceClaimTemplate of the same spec (`template()`)."""
@@ -171,39 +192,25 @@ class ClaimBuilder(_Meta):
         return {"devices": devices}
 
     def obj(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "apiVersion": RESOURCE_API,
-            "kind": "ResourceClaim",
-            "metadata": dict(self.metadata),
-            "spec": self._spec(),
-        }
         status: dict[str, Any] = {}
         if self._results:
             status["allocation"] = {"devices": {"results": list(self._results)}}
         if self._reserved_for:
             status["reservedFor"] = list(self._reserved_for)
-        if status:
-            body["status"] = status
-        return body
+        return self._object(RESOURCE_API, "ResourceClaim", spec=self._spec(), status=status or None)
 
     def template(self) -> dict[str, Any]:
-        return {
-            "apiVersion": RESOURCE_API,
-            "kind": "ResourceClaimTemplate",
-            "metadata": dict(self.metadata),
-            "spec": {"spec": self._spec()},
-        }
+        return self._object(RESOURCE_API, "ResourceClaimTemplate", spec={"spec": self._spec()})
 
 
-class PodBuilder(_Meta):
+class PodBuilder(_SpecFields):
     """A pod with one container that uses every claim of the pod."""
 
     def __init__(self, name: str, namespace: str | None = None) -> None:
-        super().__init__(name, namespace)
+        super().__init__(name, namespace, {})
         self._container: dict[str, Any] = {"name": "c", "image": PAUSE_IMAGE}
         self._env: list[dict[str, str]] | None = None
         self._claims: list[dict[str, str]] = []
-        self._spec: dict[str, Any] = {}
         self._status: dict[str, Any] | None = None
 
     def container(self, name: str, image: str = PAUSE_IMAGE) -> Self:
@@ -227,11 +234,6 @@ class PodBuilder(_Meta):
 
     def node_selector(self, selector: Mapping[str, str]) -> Self:
         self._spec["nodeSelector"] = dict(selector)
-        return self
-
-    def spec(self, **fields: Any) -> Self:
-        """Pod spec fields as they are (nodeName, schedulerName, restartPolicy, ...)."""
-        self._spec.update(fields)
         return self
 
     def ends(self) -> Self:
@@ -260,15 +262,8 @@ class PodBuilder(_Meta):
         if self._claims:
             container["resources"] = {"claims": [{"name": c["name"]} for c in self._claims]}
             spec["resourceClaims"] = list(self._claims)
-        body: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": dict(self.metadata),
-            "spec": spec,
-        }
-        if self._status is not None:
-            body["status"] = dict(self._status)
-        return body
+        status = None if self._status is None else dict(self._status)
+        return self._object("v1", "Pod", spec=spec, status=status)
 
 
 class MigNodeBuilder(_Meta):
@@ -288,29 +283,16 @@ class MigNodeBuilder(_Meta):
         return self
 
     def obj(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "apiVersion": MIGPART_API,
-            "kind": "MigNode",
-            "metadata": dict(self.metadata),
-        }
-        if self._spec is not None:
-            body["spec"] = self._spec
-        if self._status is not None:
-            body["status"] = self._status
-        return body
+        return self._object(MIGPART_API, "MigNode", spec=self._spec, status=self._status)
 
 
-class SliceBuilder(_Meta):
+class SliceBuilder(_SpecFields):
     """A ResourceSlice of our driver: one pool per node, named after it."""
 
     def __init__(self, name: str, node: str, generation: int = 1) -> None:
-        super().__init__(name, None)
-        self._spec: dict[str, Any] = {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [],
-        }
+        pool = {"name": node, "generation": generation, "resourceSliceCount": 1}
+        super().__init__(name, None, {"driver": DRIVER, "nodeName": node, "pool": pool})
+        self._spec["devices"] = []
 
     def device(self, name: str, **attributes: str | int) -> Self:
         """A device with these attributes (strings, or ints as `int`)."""
@@ -352,42 +334,23 @@ class SliceBuilder(_Meta):
         self._spec["devices"][-1].setdefault("taints", []).append(taint)
         return self
 
-    def spec(self, **fields: Any) -> Self:
-        self._spec.update(fields)
-        return self
-
     def obj(self) -> dict[str, Any]:
-        return {
-            "apiVersion": RESOURCE_API,
-            "kind": "ResourceSlice",
-            "metadata": dict(self.metadata),
-            "spec": self._spec,
-        }
+        return self._object(RESOURCE_API, "ResourceSlice", spec=self._spec)
 
 
-class PolicyBuilder(_Meta):
+class PolicyBuilder(_SpecFields):
     """A GpuPartitionPolicy."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(name, None)
-        self._spec: dict[str, Any] = {}
+        super().__init__(name, None, {})
 
     def pool(self, labels: Mapping[str, str]) -> Self:
         """The nodes it manages: those with all of these labels."""
         self._spec["nodeSelector"] = {"matchLabels": dict(labels)}
         return self
 
-    def spec(self, **fields: Any) -> Self:
-        self._spec.update(fields)
-        return self
-
     def obj(self) -> dict[str, Any]:
-        return {
-            "apiVersion": MIGPART_API,
-            "kind": "GpuPartitionPolicy",
-            "metadata": dict(self.metadata),
-            "spec": dict(self._spec),
-        }
+        return self._object(MIGPART_API, "GpuPartitionPolicy", spec=dict(self._spec))
 
 
 def _dump(model: MigNodeSpec | MigNodeStatus) -> dict[str, Any]:
