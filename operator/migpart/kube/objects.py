@@ -30,21 +30,18 @@ async def patch_mignode_spec(
     body: dict[str, Any] = {"spec": spec.model_dump(by_alias=True, exclude_none=True, mode="json")}
     if resource_version is not None:
         body["metadata"] = {"resourceVersion": resource_version}
-    result: dict[str, Any] = await CustomObjectsApi(api).patch_cluster_custom_object(
-        GROUP,
-        VERSION,
-        MIGNODE_PLURAL,
-        name,
-        body,
-        _content_type=MERGE_PATCH,  # type: ignore[call-arg]
-    )
-    return result
+    return await _merge_patch(api, MIGNODE_PLURAL, name, body)
 
 
-async def _patch_status(
-    api: ApiClient, plural: str, name: str, body: dict[str, Any]
+async def _merge_patch(
+    api: ApiClient, plural: str, name: str, body: dict[str, Any], *, status: bool = False
 ) -> dict[str, Any]:
-    result: dict[str, Any] = await CustomObjectsApi(api).patch_cluster_custom_object_status(
+    """Merge-patch one of our cluster-scoped objects, or its status subresource."""
+    custom = CustomObjectsApi(api)
+    patch = (
+        custom.patch_cluster_custom_object_status if status else custom.patch_cluster_custom_object
+    )
+    result: dict[str, Any] = await patch(
         GROUP,
         VERSION,
         plural,
@@ -59,7 +56,7 @@ async def patch_policy_status(
     api: ApiClient, name: str, status: GpuPartitionPolicyStatus
 ) -> dict[str, Any]:
     body = {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")}
-    return await _patch_status(api, POLICY_PLURAL, name, body)
+    return await _merge_patch(api, POLICY_PLURAL, name, body, status=True)
 
 
 async def patch_mignode_conditions(
@@ -77,4 +74,4 @@ async def patch_mignode_conditions(
             ]
         },
     }
-    await _patch_status(api, MIGNODE_PLURAL, name, body)
+    await _merge_patch(api, MIGNODE_PLURAL, name, body, status=True)
