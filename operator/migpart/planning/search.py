@@ -25,7 +25,8 @@ free, so the result is deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TypeVar
 
 from migpart.planning.cost import RANK
 from migpart.planning.packer import Packed, Packer, Solution
@@ -37,6 +38,8 @@ _STEP = 1 << RANK
 
 # members, packings, costs, where, satisfied per level: a search state to restore.
 _State = tuple[list[list[int]], list[NodePacking | None], list[int], dict[int, int], list[int]]
+# a trial's key in `_keep_best`: a cost, or satisfied counts then a cost
+_K = TypeVar("_K", int, tuple[tuple[int, ...], int])
 
 
 class NodeSearch:
@@ -149,8 +152,20 @@ class NodeSearch:
                 self._add(i)
 
     def _insert(self, i: int) -> bool:
+        best = self._cheapest_addition(i)
+        if best is None:
+            return False
+        self._set(*best)
+        self._add(i)
+        return True
+
+    def _cheapest_addition(self, i: int, but: int | None = None) -> tuple[int, Packed] | None:
+        """The node (other than `but`) where adding request i costs least (the first of equal
+        costs) and its packing with i; None where no node fits it."""
         best: tuple[int, int, Packed] | None = None
         for node in self.demand[i]:
+            if node == but:
+                continue
             limit = None if best is None else self.cost[node] + best[0]
             packed = self._pack(node, [*self.members[node], i], limit)
             if packed is None:
@@ -158,11 +173,7 @@ class NodeSearch:
             delta = packed[0].cost - self.cost[node]
             if best is None or (delta, node) < best[:2]:
                 best = (delta, node, packed)
-        if best is None:
-            return False
-        self._set(best[1], best[2])
-        self._add(i)
-        return True
+        return None if best is None else best[1:]
 
     def _eject(self, i: int) -> bool:
         """Put request i in place of a request e of no higher priority on some node; e moves to
@@ -241,24 +252,16 @@ class NodeSearch:
         inserted elsewhere or, having a lower priority than i, give way. Moves any number of
         requests at once, which `_eject` cannot. The best node wins."""
         level = self.level[i]
-        start = self._state()
-        best: tuple[tuple[tuple[int, ...], int], _State] | None = None
-        try:
+
+        def trials() -> Iterator[tuple[tuple[int, ...], int] | None]:
             for node in self.demand[i]:
                 for flexible_last in (False, True):
                     if self._repack_on(i, node, level, flexible_last):
-                        found = self._state()
-                        key = (tuple(-n for n in self.satisfied), sum(self.cost))
-                        if best is None or key < best[0]:
-                            best = (key, found)
-                    self._load(start)
-        except OutOfWork:
-            self._load(start)
-            raise
-        if best is None:
-            return False
-        self._load(best[1])
-        return True
+                        yield (tuple(-n for n in self.satisfied), sum(self.cost))
+                    else:
+                        yield None
+
+        return self._keep_best(trials())
 
     def _repack_on(self, i: int, node: int, level: int, flexible_last: bool) -> bool:
         """One rebuild of `node` around i; with `flexible_last`, the requests that fewest other
@@ -285,19 +288,9 @@ class NodeSearch:
         self._set(node, kept)
         self._add(i)
         for m in displaced:
-            best: tuple[int, int, Packed] | None = None
-            for other in self.demand[m]:
-                if other == node:
-                    continue
-                limit = None if best is None else self.cost[other] + best[0]
-                packed = self._pack(other, [*self.members[other], m], limit)
-                if packed is None:
-                    continue
-                delta = packed[0].cost - self.cost[other]
-                if best is None or (delta, other) < best[:2]:
-                    best = (delta, other, packed)
+            best = self._cheapest_addition(m, but=node)
             if best is not None:
-                self._set(best[1], best[2])
+                self._set(*best)
             elif self.level[m] > level:
                 self.satisfied[self.level[m]] -= 1
             else:
@@ -348,13 +341,12 @@ class NodeSearch:
         if any(a not in self.demand[i] or b not in self.demand[i] for i in both):
             return False  # a request that only one of them can serve stays where it is
         before = self.cost[a] + self.cost[b]
-        start = self._state()
         orders = [
             sorted(both, key=lambda i: self.position[i]),
             sorted(both, key=lambda i: (-self.demand[i][a].count, self.position[i])),
         ]
-        best: tuple[int, _State] | None = None
-        try:
+
+        def trials() -> Iterator[int | None]:
             for order in orders:
                 self._set(a, None)
                 self._set(b, None)
@@ -371,8 +363,21 @@ class NodeSearch:
                     _, node, packed = min(options, key=lambda o: o[:2])
                     self._set(node, packed)
                 after = self.cost[a] + self.cost[b]
-                if placed and after <= before - _STEP and (best is None or after < best[0]):
-                    best = (after, self._state())
+                yield after if placed and after <= before - _STEP else None
+
+        return self._keep_best(trials())
+
+    def _keep_best(self, trials: Iterator[_K | None]) -> bool:
+        """Run each trial from the state as it is now: a trial changes the state and yields
+        its key (lower is better), or None where it found nothing; the state is put back
+        after each. Then the best trial's state is loaded (the first of equal keys); False
+        when no trial found anything. Out of work, the state is put back and that raised."""
+        start = self._state()
+        best: tuple[_K, _State] | None = None
+        try:
+            for key in trials:
+                if key is not None and (best is None or key < best[0]):
+                    best = (key, self._state())
                 self._load(start)
         except OutOfWork:
             self._load(start)
@@ -425,67 +430,66 @@ class NodeSearch:
     def _relocate(self) -> bool:
         """Move single requests to another node whenever that lowers the total cost."""
         improved = False
-        for node in range(len(self.spaces)):
-            for i in list(self.members[node]):
-                if self.where.get(i) != node:
+        for node, i in self._placed():
+            left, cost_left = self._without(node, i)
+            base = cost_left - self.cost[node]
+            if base > -_STEP:
+                continue  # adding i elsewhere never costs less than nothing
+            best: tuple[int, int, Packed] | None = None
+            for other in self.demand[i]:
+                if other == node:
                     continue
-                left, cost_left = self._without(node, i)
-                base = cost_left - self.cost[node]
-                if base > -_STEP:
-                    continue  # adding i elsewhere never costs less than nothing
-                best: tuple[int, int, Packed] | None = None
-                for other in self.demand[i]:
-                    if other == node:
-                        continue
-                    limit = self.cost[other] - base - _STEP
-                    if best is not None:
-                        limit = min(limit, self.cost[other] - base + best[0])
-                    moved = self._pack(other, [*self.members[other], i], limit)
-                    if moved is None:
-                        continue
-                    total = base + moved[0].cost - self.cost[other]
-                    if total <= -_STEP and (best is None or (total, other) < best[:2]):
-                        best = (total, other, moved)
-                if best is None:
+                limit = self.cost[other] - base - _STEP
+                if best is not None:
+                    limit = min(limit, self.cost[other] - base + best[0])
+                moved = self._pack(other, [*self.members[other], i], limit)
+                if moved is None:
                     continue
-                self._set(node, left)
-                self._set(best[1], best[2])
-                improved = True
+                total = base + moved[0].cost - self.cost[other]
+                if total <= -_STEP and (best is None or (total, other) < best[:2]):
+                    best = (total, other, moved)
+            if best is None:
+                continue
+            self._set(node, left)
+            self._set(best[1], best[2])
+            improved = True
         return improved
 
     def _swap(self) -> bool:
         """Swap two requests on different nodes whenever that lowers the total cost."""
         improved = False
+        for node, i in self._placed():
+            _, cost_i = self._without(node, i)
+            for other in self.demand[i]:
+                if other <= node or self.where.get(i) != node:
+                    continue
+                for j in list(self.members[other]):
+                    if node not in self.demand[j] or self.demand[j][node] == self.demand[i][node]:
+                        continue
+                    _, cost_j = self._without(other, j)
+                    both = self.cost[node] + self.cost[other]
+                    # Adding never costs less than nothing: only a gain here can pay.
+                    if cost_i + cost_j > both - _STEP:
+                        continue
+                    here_members = [m for m in self.members[node] if m != i] + [j]
+                    here = self._pack(node, here_members, both - cost_j - _STEP)
+                    if here is None:
+                        continue
+                    there_members = [m for m in self.members[other] if m != j] + [i]
+                    there = self._pack(other, there_members, both - here[0].cost - _STEP)
+                    if there is None:
+                        continue
+                    if here[0].cost + there[0].cost <= both - _STEP:
+                        self._set(node, here)
+                        self._set(other, there)
+                        improved = True
+                        break
+        return improved
+
+    def _placed(self) -> Iterator[tuple[int, int]]:
+        """(node, request) for each request on each node, node by node, skipping one that a
+        move made meanwhile took off the node it was listed on."""
         for node in range(len(self.spaces)):
             for i in list(self.members[node]):
-                if self.where.get(i) != node:
-                    continue
-                _, cost_i = self._without(node, i)
-                for other in self.demand[i]:
-                    if other <= node or self.where.get(i) != node:
-                        continue
-                    for j in list(self.members[other]):
-                        if (
-                            node not in self.demand[j]
-                            or self.demand[j][node] == self.demand[i][node]
-                        ):
-                            continue
-                        _, cost_j = self._without(other, j)
-                        both = self.cost[node] + self.cost[other]
-                        # Adding never costs less than nothing: only a gain here can pay.
-                        if cost_i + cost_j > both - _STEP:
-                            continue
-                        here_members = [m for m in self.members[node] if m != i] + [j]
-                        here = self._pack(node, here_members, both - cost_j - _STEP)
-                        if here is None:
-                            continue
-                        there_members = [m for m in self.members[other] if m != j] + [i]
-                        there = self._pack(other, there_members, both - here[0].cost - _STEP)
-                        if there is None:
-                            continue
-                        if here[0].cost + there[0].cost <= both - _STEP:
-                            self._set(node, here)
-                            self._set(other, there)
-                            improved = True
-                            break
-        return improved
+                if self.where.get(i) == node:
+                    yield node, i
