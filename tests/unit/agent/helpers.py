@@ -1,8 +1,10 @@
-"""What the agent tests share: a GPU's layout as (profile, start) pairs, and a claim prepared
-on an instance as the kubelet plugin records it."""
+"""What the agent tests share: a GPU's layout as (profile, start) pairs, a claim prepared on an
+instance as the kubelet plugin records it, and an agent running for the length of a block."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import TYPE_CHECKING
 
 from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
@@ -10,7 +12,10 @@ from migpart.dra import DRIVER
 from migpart.mig import device_name
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from migpart.agent.backend import MigInstance, NvmlBackend
+    from migpart.agent.runner import Agent
 
 
 async def layout(sim: NvmlBackend, gpu: int = 0) -> list[tuple[str, int]]:
@@ -36,3 +41,16 @@ def prepare(checkpoint: Checkpoint, uid: str, inst: MigInstance) -> None:
             ),
         )
     )
+
+
+@contextlib.asynccontextmanager
+async def running(agent: Agent) -> AsyncIterator[asyncio.Task[None]]:
+    """The agent's loop runs as a task for the block; cancelled and awaited after it (an
+    error it ended with is raised here)."""
+    task = asyncio.create_task(agent.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

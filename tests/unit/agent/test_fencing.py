@@ -3,8 +3,6 @@ it applied), with a Warning Event, and keeps the highest token in its status acr
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import TYPE_CHECKING
 
 from migpart.agent.kube import leader_term_of, status_patch
@@ -13,6 +11,7 @@ from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec, MigNodeStatus
 from migpart.testing.mignodes import InMemoryMigNodes
+from tests.unit.agent.helpers import running
 
 if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint
@@ -32,18 +31,13 @@ async def test_a_spec_from_an_older_leadership_is_refused_and_nothing_of_it_appl
 ) -> None:
     store = InMemoryMigNodes(spec("new", 5, ("7g.80gb", 0)))
     agent = Agent("node-a", sim, checkpoint, store, AgentMetrics("node-a"), resync_s=3600)
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         done = await store.wait_for(lambda s: s.observed_plan_id == "new")
         assert done.leader_term == 5
         await store.set_spec(spec("stale", 4, ("1g.10gb", 0), ("1g.10gb", 1)))
         await store.wait_for_warning()
         await store.set_spec(spec("newer", 6, ("3g.40gb", 0)))  # a newer one still goes
         after = await store.wait_for(lambda s: s.observed_plan_id == "newer")
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
     assert after.leader_term == 6
     assert all(s.observed_plan_id != "stale" for s in store.statuses)
     # the stale spec's 1g.10gb were never created
@@ -61,13 +55,8 @@ async def test_a_restarted_agent_refuses_by_the_token_in_its_status(
     stale spec that landed while it was down is refused at start."""
     store = InMemoryMigNodes(spec("stale", 2, ("7g.80gb", 0)), leader_term=3)
     agent = Agent("node-a", sim, checkpoint, store, AgentMetrics("node-a"), resync_s=3600)
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         first = await store.wait_for(lambda s: bool(s.gpus))
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
     assert first.gpus[0].instances == []
     assert first.observed_plan_id is None
     assert first.leader_term == 3
@@ -81,13 +70,8 @@ async def test_a_spec_without_a_token_is_applied_and_keeps_the_highest_token(
     """No token: an operator without leader election (or from before it) wrote it."""
     store = InMemoryMigNodes(spec("unfenced", None, ("7g.80gb", 0)), leader_term=3)
     agent = Agent("node-a", sim, checkpoint, store, AgentMetrics("node-a"), resync_s=3600)
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         done = await store.wait_for(lambda s: s.observed_plan_id == "unfenced")
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
     assert profiles(done) == ["7g.80gb"]
     assert done.leader_term == 3
     assert store.warnings == []

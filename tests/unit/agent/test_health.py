@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -19,6 +18,7 @@ from migpart.commands.agent import config_from, parser
 from migpart.dra import micro_time
 from migpart.errors import ResourceNotServed
 from migpart.testing.mignodes import InMemoryMigNodes
+from tests.unit.agent.helpers import running
 
 if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint
@@ -50,13 +50,8 @@ async def test_a_missing_crd_is_told_once_and_retried_until_served(
     metrics = AgentMetrics("node-a")
     agent = Agent("node-a", sim, checkpoint, store, metrics, resync_s=3600, backoff_s=0.001)
     with capture_logs() as logs:
-        task = asyncio.create_task(agent.run())
-        try:
+        async with running(agent):
             await store.wait_for(lambda s: bool(s.gpus))
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     assert store.attempts == 4
     told = [e for e in logs if e["event"] == "resource_not_served"]
     assert len(told) == 1
@@ -71,15 +66,10 @@ async def test_readiness_waits_for_the_crd(sim: SimulatedNvml, checkpoint: Check
     store = LateCrd(missing=10**9)
     metrics = AgentMetrics("node-a")
     agent = Agent("node-a", sim, checkpoint, store, metrics, resync_s=3600, backoff_s=0.001)
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent) as task:
         await store.retried.wait()
         assert not metrics.ready
         assert not task.done()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_the_registration_kubelet_notifies_is_reported_in_the_status(
@@ -97,8 +87,7 @@ async def test_the_registration_kubelet_notifies_is_reported_in_the_status(
         registration=registration.status,
     )
     registration.on_change = agent.poke
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         first = await store.wait_for(lambda s: s.kubelet_plugin is not None)
         assert first.kubelet_plugin is not None
         assert not first.kubelet_plugin.registered
@@ -113,10 +102,6 @@ async def test_the_registration_kubelet_notifies_is_reported_in_the_status(
             lambda s: bool(s.kubelet_plugin and s.kubelet_plugin.registered)
         )
         assert done.gpus == first.gpus
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_without_a_registration_source_nothing_is_reported(
@@ -124,14 +109,9 @@ async def test_without_a_registration_source_nothing_is_reported(
 ) -> None:
     store = InMemoryMigNodes()
     agent = Agent("node-a", sim, checkpoint, store, AgentMetrics("node-a"), resync_s=3600)
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         status = await store.wait_for(lambda s: bool(s.gpus))
         assert status.kubelet_plugin is None
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def test_lease_names_and_times() -> None:

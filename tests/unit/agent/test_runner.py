@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -19,6 +18,7 @@ from migpart.commands.agent import config_from, parser
 from migpart.dra import DRIVER
 from migpart.testing.mignodes import InMemoryMigNodes
 from tests.unit.agent.conftest import H100, H200
+from tests.unit.agent.helpers import running
 
 if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint
@@ -41,32 +41,30 @@ async def test_loop_follows_spec_changes_and_serves_metrics(
     agent = Agent("node-a", sim, checkpoint, store, metrics, resync_s=3600)
     health = HealthServer(metrics, 0, "127.0.0.1")
     port = await health.start()
-    task = asyncio.create_task(agent.run())
     try:
-        first = await store.wait_for(lambda s: bool(s.gpus))
-        assert first.observed_plan_id is None
-        await store.set_spec(one_gpu("p1", ("3g.40gb", 0), ("3g.40gb", 4)))
-        done = await store.wait_for(lambda s: s.observed_plan_id == "p1")
-        assert [i.profile for i in done.gpus[0].instances] == ["3g.40gb", "3g.40gb"]
-        await store.set_spec(one_gpu("p2", ("7g.80gb", 0)))
-        await store.wait_for(lambda s: s.observed_plan_id == "p2")
-        async with aiohttp.ClientSession() as http:
-            base = f"http://127.0.0.1:{port}"
-            async with http.get(f"{base}/readyz") as r:
-                assert r.status == 200
-            async with http.get(f"{base}/healthz") as r:
-                assert r.status == 200
-            async with http.get(f"{base}/metrics") as r:
-                text = await r.text()
-        assert (
-            'migpart_agent_mig_instances{node="node-a",profile="7g.80gb",state="Free"} 1.0' in text
-        )
-        assert 'migpart_agent_mig_operations_total{kind="destroy",node="node-a"} 2.0' in text
-        assert "migpart_agent_reconcile_duration_seconds_count" in text
+        async with running(agent):
+            first = await store.wait_for(lambda s: bool(s.gpus))
+            assert first.observed_plan_id is None
+            await store.set_spec(one_gpu("p1", ("3g.40gb", 0), ("3g.40gb", 4)))
+            done = await store.wait_for(lambda s: s.observed_plan_id == "p1")
+            assert [i.profile for i in done.gpus[0].instances] == ["3g.40gb", "3g.40gb"]
+            await store.set_spec(one_gpu("p2", ("7g.80gb", 0)))
+            await store.wait_for(lambda s: s.observed_plan_id == "p2")
+            async with aiohttp.ClientSession() as http:
+                base = f"http://127.0.0.1:{port}"
+                async with http.get(f"{base}/readyz") as r:
+                    assert r.status == 200
+                async with http.get(f"{base}/healthz") as r:
+                    assert r.status == 200
+                async with http.get(f"{base}/metrics") as r:
+                    text = await r.text()
+            assert (
+                'migpart_agent_mig_instances{node="node-a",profile="7g.80gb",state="Free"} 1.0'
+                in text
+            )
+            assert 'migpart_agent_mig_operations_total{kind="destroy",node="node-a"} 2.0' in text
+            assert "migpart_agent_reconcile_duration_seconds_count" in text
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await health.stop()
     assert not metrics.alive
 
@@ -80,13 +78,8 @@ async def test_nvml_failure_is_counted_and_retried(
     metrics = AgentMetrics("node-a")
     sim.fail_next("create_gi", pynvml.NVML_ERROR_UNKNOWN)
     agent = Agent("node-a", sim, checkpoint, store, metrics, resync_s=3600, backoff_s=0.001)
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         await store.wait_for(lambda s: s.observed_plan_id == "p1")
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
     sample = metrics.registry.get_sample_value(
         "migpart_agent_nvml_errors_total",
         {"node": "node-a", "code": str(pynvml.NVML_ERROR_UNKNOWN)},
@@ -114,13 +107,8 @@ async def test_a_failed_status_write_is_counted_and_retried(
     store = FlakyStore(one_gpu("p1", ("7g.80gb", 0)))
     metrics = AgentMetrics("node-a")
     agent = Agent("node-a", sim, checkpoint, store, metrics, resync_s=3600, backoff_s=0.001)
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         await store.wait_for(lambda s: s.observed_plan_id == "p1")
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
     value = metrics.registry.get_sample_value
     assert value("migpart_agent_status_write_failures_total", {"node": "node-a"}) == 1
     # only the pass whose status reached the API server is a reconcile pass that took time
@@ -171,8 +159,7 @@ async def test_a_mignode_created_again_gets_the_status_though_nothing_changed(
     so the same status is written again (an unchanged status is otherwise not written)."""
     store = InMemoryMigNodes()
     agent = Agent("node-a", sim, checkpoint, store, AgentMetrics("node-a"), resync_s=3600)
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         first = await store.wait_for(lambda s: bool(s.gpus))
         await store.set_spec(None)  # an event that changes nothing: no write
         await asyncio.sleep(0.05)
@@ -181,7 +168,3 @@ async def test_a_mignode_created_again_gets_the_status_though_nothing_changed(
         again = await store.wait_for(lambda s: s is not first)
         assert again == first
         assert len(store.statuses) == 2
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
