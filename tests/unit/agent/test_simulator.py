@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import stat
 from pathlib import Path
 
@@ -13,31 +12,19 @@ import pytest
 
 from migpart.agent.simulator import SimFaults, SimulatedNvml, mig_uuid, parse_simulate
 from migpart.errors import GpuBusy, NvmlFailure
-from tests.conftest import FIXTURES
+from tests.nvml_dumps import DUMPS, assert_profile_is_dumped, dump_profiles
 from tests.unit.agent.conftest import H100, H200
 
 
-@pytest.mark.parametrize("dump", ["h100-80gb-hbm3.nvml.json", "h200-141gb.nvml.json"])
+@pytest.mark.parametrize("dump", DUMPS)
 async def test_simulator_profile_info_equals_nvml_dump(dump: str) -> None:
-    device = json.loads((FIXTURES / "nvml" / dump).read_text())["devices"][0]
-    sim = SimulatedNvml([(device["name"], 1)])
+    model, raw_profiles = dump_profiles(dump)
+    sim = SimulatedNvml([(model, 1)])
     table = await sim.profile_table(0)
-    raw_profiles = [p for p in device["gi_profiles"] if "err" not in p]
-    assert [p.nvml_index for p in table.profiles] == [p["profile_index"] for p in raw_profiles]
+    assert len(table.profiles) == len(raw_profiles)
     for raw, prof in zip(raw_profiles, table.profiles, strict=True):
-        assert f"MIG {prof.name}" == raw["name"]
-        assert prof.nvml_id == raw["id"]
-        assert prof.compute_slices == raw["sliceCount"]
-        assert prof.max_instances == raw["instanceCount"]
-        assert prof.multiprocessors == raw["multiprocessorCount"]
-        assert prof.copy_engines == raw["copyEngineCount"]
-        assert prof.decoders == raw["decoderCount"]
-        assert prof.encoders == raw["encoderCount"]
-        assert prof.jpegs == raw["jpegCount"]
-        assert prof.ofas == raw["ofaCount"]
-        assert prof.memory_mib == raw["memorySizeMB"]
-        assert [[s, prof.memory_slices] for s in prof.placements] == raw["placements"]
-    assert (await sim.gpus())[0].model == device["name"]
+        assert_profile_is_dumped(prof, raw)
+    assert (await sim.gpus())[0].model == model
 
 
 async def test_create_list_destroy_round_trip(sim: SimulatedNvml) -> None:

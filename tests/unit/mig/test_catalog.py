@@ -2,43 +2,20 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from migpart.mig import CATALOG, Instance, enumerate_layouts, layout_problems, lookup_table
 from migpart.mig.profiles import device_name, parse_profile_name
-from tests.conftest import FIXTURES
+from tests.nvml_dumps import DUMPS, assert_profile_is_dumped, dump_profiles
 
 
-def _dump_table(path: str) -> tuple[str, list[dict[str, object]]]:
-    data = json.loads((FIXTURES / "nvml" / path).read_text())
-    device = data["devices"][0]
-    return device["name"], [p for p in device["gi_profiles"] if "err" not in p]
-
-
-@pytest.mark.parametrize("dump", ["h100-80gb-hbm3.nvml.json", "h200-141gb.nvml.json"])
+@pytest.mark.parametrize("dump", DUMPS)
 def test_catalog_equals_nvml_dump(dump: str) -> None:
-    model, profiles = _dump_table(dump)
+    model, profiles = dump_profiles(dump)
     table = CATALOG[model]
     assert len(table.profiles) == len(profiles)
     for raw in profiles:
-        name = str(raw["name"]).removeprefix("MIG ")
-        prof = table.profile(name)
-        placements = [tuple(p) for p in raw["placements"]]  # type: ignore[attr-defined]
-        assert prof.compute_slices == raw["sliceCount"]
-        assert prof.max_instances == raw["instanceCount"]
-        assert prof.memory_mib == raw["memorySizeMB"]
-        assert prof.multiprocessors == raw["multiprocessorCount"]
-        assert prof.copy_engines == raw["copyEngineCount"]
-        assert prof.decoders == raw["decoderCount"]
-        assert prof.encoders == raw["encoderCount"]
-        assert prof.jpegs == raw["jpegCount"]
-        assert prof.ofas == raw["ofaCount"]
-        assert prof.nvml_index == raw["profile_index"]
-        assert prof.nvml_id == raw["id"]
-        assert prof.placements == tuple(start for start, _ in placements)
-        assert {size for _, size in placements} == {prof.memory_slices}
+        assert_profile_is_dumped(table.profile(str(raw["name"]).removeprefix("MIG ")), raw)
     full = max(table.profiles, key=lambda p: p.compute_slices)
     assert table.compute_slices == full.compute_slices
     assert table.memory_slices == full.memory_slices
