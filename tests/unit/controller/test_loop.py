@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -40,9 +42,45 @@ async def burst(state: OperatorState, signals: Signals) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_changes_do_not_bring_a_held_back_plan_forward(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+class Rounds:
+    """The policy's rounds as they run: whether each was held back (`deferred`), and an event
+    for a round that ran, one for a held-back round and one for a round that planned."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.deferred: list[bool] = []
+        self.ran, self.held, self.planned = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        real_run = PolicyRound.run
+
+        async def counted(round_: PolicyRound) -> Any:
+            result = await real_run(round_)
+            self.deferred.append(round_.deferred)
+            self.ran.set()
+            (self.held if round_.deferred else self.planned).set()
+            return result
+
+        monkeypatch.setattr(PolicyRound, "run", counted)
+
+
+@pytest.fixture
+def rounds(monkeypatch: pytest.MonkeyPatch) -> Rounds:
+    return Rounds(monkeypatch)
+
+
+@contextlib.asynccontextmanager
+async def planning(
+    state: OperatorState, policy: str, signals: Signals
+) -> AsyncIterator[asyncio.Task[None]]:
+    """The policy's planning loop runs for the block; stopped after it, and what ended it
+    early, if anything did, raised."""
+    task = asyncio.create_task(loop.plan_policy(state, policy, signals))
+    try:
+        yield task
+    finally:
+        signals.stopped.set()
+        await task
+
+
+async def test_changes_do_not_bring_a_held_back_plan_forward(rounds: Rounds) -> None:
     """A batch window is open: a burst of changes must not each run a round (each would scope
     the whole cluster only to find the plan still held back); the next round runs when the
     window ends on the operator's clock, and plans."""
@@ -51,37 +89,22 @@ async def test_changes_do_not_bring_a_held_back_plan_forward(
     effects = InMemoryEffects(mignodes=dict(nodes))
     state = indexed(operator(effects), cluster)
     clock = clock_of(state)
-    rounds: list[bool] = []
-    held, planned = asyncio.Event(), asyncio.Event()
-    real_run = PolicyRound.run
-
-    async def counted(self: PolicyRound) -> Any:
-        result = await real_run(self)
-        rounds.append(self.deferred)
-        (held if self.deferred else planned).set()
-        return result
-
-    monkeypatch.setattr(PolicyRound, "run", counted)
     signals = Signals()
-    task = asyncio.create_task(loop.plan_policy(state, "pa", signals))
-    try:
-        await until(held, task)
+    async with planning(state, "pa", signals) as task:
+        await until(rounds.held, task)
         assert await waiting(clock, task) == [1.0]  # until the window ends
         await burst(state, signals)
         clock.advance(0.5)
         await burst(state, signals)
-        assert rounds == [True]  # one round, held back by the window; no round per change
+        assert rounds.deferred == [True]  # one round, held back by the window; none per change
         assert effects.specs == []
         clock.advance(0.5)
-        await until(planned, task)
-        assert rounds == [True, False]  # the window ended: planned
+        await until(rounds.planned, task)
+        assert rounds.deferred == [True, False]  # the window ended: planned
         assert effects.specs
-    finally:
-        signals.stopped.set()
-        await task  # raises what ended the loop early, if anything did
 
 
-async def test_after_a_plan_changes_wait_for_the_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_after_a_plan_changes_wait_for_the_pace(rounds: Rounds) -> None:
     """Right after a plan, the next one is paced: a burst of changes runs no round before
     that (each would scope the whole cluster only to be paced); once the pace has passed on
     the operator's clock, the next round runs."""
@@ -89,31 +112,16 @@ async def test_after_a_plan_changes_wait_for_the_pace(monkeypatch: pytest.Monkey
     cluster = world(nodes, [claim("c1", "3g.40gb")])
     state = indexed(operator(InMemoryEffects(mignodes=dict(nodes))), cluster)
     clock = clock_of(state)
-    rounds: list[bool] = []
-    ran = asyncio.Event()
-    real_run = PolicyRound.run
-
-    async def counted(self: PolicyRound) -> Any:
-        result = await real_run(self)
-        rounds.append(self.deferred)
-        ran.set()
-        return result
-
-    monkeypatch.setattr(PolicyRound, "run", counted)
     signals = Signals()
-    task = asyncio.create_task(loop.plan_policy(state, "pa", signals))
-    try:
-        await until(ran, task)
-        assert rounds == [False]
+    async with planning(state, "pa", signals) as task:
+        await until(rounds.ran, task)
+        assert rounds.deferred == [False]
         [paced_until] = await waiting(clock, task)
         last = state.memory("pa").last_plan
         assert paced_until == pytest.approx(last.at + PACE_FACTOR * last.cost_s)
         await burst(state, signals)
-        assert rounds == [False]
-        ran.clear()
+        assert rounds.deferred == [False]
+        rounds.ran.clear()
         clock.advance(paced_until - clock.monotonic())
-        await until(ran, task)
-        assert len(rounds) == 2
-    finally:
-        signals.stopped.set()
-        await task
+        await until(rounds.ran, task)
+        assert len(rounds.deferred) == 2

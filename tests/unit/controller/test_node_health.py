@@ -35,6 +35,15 @@ def health(clock: ManualClock, *nodes: str) -> NodeHealth:
     return h
 
 
+def assert_stale_at_the_timeout(clock: ManualClock, h: NodeHealth, node: str) -> None:
+    """`node`, its Lease timed from now, is not stale a second before the 40 s timeout and is
+    a second after it."""
+    clock.advance(39)
+    assert h.check() == []
+    clock.advance(2)
+    assert h.check() == [node]
+
+
 def test_nothing_is_stale_before_the_leases_were_listed() -> None:
     clock = ManualClock(at=100.0)
     h = health(clock, "a")
@@ -67,10 +76,7 @@ def test_a_restarted_operator_gives_every_lease_the_timeout_from_its_first_list(
     h = health(clock, "a")
     clock.advance(1000)
     h.leases_listed({"a": "renewed long before the operator started"})
-    clock.advance(39)
-    assert h.check() == []
-    clock.advance(2)
-    assert h.check() == ["a"]
+    assert_stale_at_the_timeout(clock, h, "a")
 
 
 def test_a_node_without_a_lease_is_not_judged_by_one() -> None:
@@ -193,10 +199,7 @@ def test_while_the_lease_watch_is_broken_no_node_goes_stale() -> None:
     assert h.check() == []
     assert h.reason("a") is None
     h.leases_listed({"a": "t1"})  # back: every Lease gets a full timeout from now
-    clock.advance(39)
-    assert h.check() == []
-    clock.advance(2)
-    assert h.check() == ["a"]
+    assert_stale_at_the_timeout(clock, h, "a")
 
 
 def test_only_a_renewal_after_the_first_list_proves_an_agent_alive() -> None:

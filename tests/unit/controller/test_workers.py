@@ -41,6 +41,13 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def started(workers: Workers, probe: Probe) -> tuple[Workers, Probe]:
+    """`probe` started as the loop of "p", its first round under way."""
+    workers.ensure("p", probe)
+    await probe.started.wait()
+    return workers, probe
+
+
 async def test_ensure_starts_one_loop_per_name() -> None:
     workers, probe = Workers(), Probe()
     workers.ensure("p", probe)
@@ -53,9 +60,7 @@ async def test_ensure_starts_one_loop_per_name() -> None:
 
 
 async def test_wake_all_runs_another_round() -> None:
-    workers, probe = Workers(), Probe()
-    workers.ensure("p", probe)
-    await probe.started.wait()
+    workers, probe = await started(Workers(), Probe())
     workers.wake_all()
     await settle()
     assert probe.rounds == 2
@@ -63,9 +68,7 @@ async def test_wake_all_runs_another_round() -> None:
 
 
 async def test_stop_lets_the_round_finish() -> None:
-    workers, probe = Workers(grace_s=5.0), Probe(round_s=0.05)
-    workers.ensure("p", probe)
-    await probe.started.wait()
+    workers, probe = await started(Workers(grace_s=5.0), Probe(round_s=0.05))
     workers.stop("p")
     assert workers.names() == frozenset()
     await workers.close()
@@ -92,9 +95,7 @@ async def test_a_loop_that_ignores_stop_is_cancelled_after_the_grace() -> None:
 
 
 async def test_a_recreated_name_waits_for_the_old_loop_to_end() -> None:
-    workers, probe = Workers(grace_s=5.0), Probe(round_s=0.05)
-    workers.ensure("p", probe)
-    await probe.started.wait()
+    workers, probe = await started(Workers(grace_s=5.0), Probe(round_s=0.05))
     workers.stop("p")
     workers.ensure("p", probe)  # deleted and made again while the old round still runs
     await asyncio.sleep(0.2)
