@@ -82,17 +82,6 @@ def _q_operand(x: Any) -> Fraction:
     raise TypeError(f"expected a quantity or an int, got {type(x).__name__}")
 
 
-def _quantity(text: Any) -> Any:
-    try:
-        return Quantity.parse(str(text))
-    except ValueError as ex:
-        return CELEvalError(str(ex))
-
-
-def _is_quantity(text: Any) -> celtypes.BoolType:
-    return celtypes.BoolType(_QUANTITY_RE.match(str(text)) is not None)
-
-
 def _q_add(a: Quantity, b: Any) -> Quantity:
     return Quantity(a.value + _q_operand(b))
 
@@ -156,18 +145,28 @@ class Semver:
         return self._key() < other._key()
 
 
-def _semver(text: Any) -> Any:
-    try:
-        return Semver.parse(str(text))
-    except ValueError as ex:
-        return CELEvalError(str(ex))
-
-
-def _is_semver(text: Any) -> celtypes.BoolType:
-    return celtypes.BoolType(_SEMVER_RE.match(str(text)) is not None)
-
-
 # --------------------------------------------------------------------------- shared methods
+
+
+def _parsing(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
+    """`quantity()`, `semver()`: the text parsed, or a CEL error where it does not parse."""
+
+    def parsed(text: Any) -> Any:
+        try:
+            return parse(str(text))
+        except ValueError as ex:
+            return CELEvalError(str(ex))
+
+    return parsed
+
+
+def _matching(pattern: re.Pattern[str]) -> Callable[[Any], celtypes.BoolType]:
+    """`isQuantity()`, `isSemver()`: whether the text parses."""
+
+    def matches(text: Any) -> celtypes.BoolType:
+        return celtypes.BoolType(pattern.match(str(text)) is not None)
+
+    return matches
 
 
 def _cmp(a: Any, b: Any) -> int:
@@ -310,16 +309,16 @@ def _dyn(x: Any) -> Any:
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "quantity": _quantity,
-    "isQuantity": _is_quantity,
+    "quantity": _parsing(Quantity.parse),
+    "isQuantity": _matching(_QUANTITY_RE),
     "add": _q_add,
     "sub": _q_sub,
     "asInteger": _q_as_integer,
     "asApproximateFloat": _q_as_float,
     "isInteger": _q_is_integer,
     "sign": _q_sign,
-    "semver": _semver,
-    "isSemver": _is_semver,
+    "semver": _parsing(Semver.parse),
+    "isSemver": _matching(_SEMVER_RE),
     "major": _semver_part(0),
     "minor": _semver_part(1),
     "patch": _semver_part(2),
