@@ -25,16 +25,22 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.integration
 
 
-def test_pending_claim_produces_mignode_spec(cluster: Testbed, operator: RunningOperator) -> None:
-    node = "plan-b"
-    cluster.add_node(node, {"migpart-test": "b"})
+def one_pending_claim(cluster: Testbed, suffix: str, profile: str, **policy: Any) -> str:
+    """Node plan-SUFFIX (labelled migpart-test=SUFFIX, one empty H100), policy-SUFFIX over it
+    (no batch window; `policy`: more spec fields) and claim-SUFFIX for a `profile` of the
+    pending pod pod-SUFFIX. Returns the node's name."""
+    node, labels = f"plan-{suffix}", {"migpart-test": suffix}
+    cluster.add_node(node, labels)
     put_mignode(cluster, node, [gpu_status(0, [])])
-    apply(
-        cluster,
-        policy_body("policy-b", {"migpart-test": "b"}, reconfiguration={"batchWindowSeconds": 0}),
-    )
-    apply(cluster, claim_body("claim-b", "default", PROFILE_IS.format("3g.40gb")))
-    pending_pod(cluster, "pod-b", "default", "claim-b")
+    spec = {"reconfiguration": {"batchWindowSeconds": 0}, **policy}
+    apply(cluster, policy_body(f"policy-{suffix}", labels, **spec))
+    apply(cluster, claim_body(f"claim-{suffix}", "default", PROFILE_IS.format(profile)))
+    pending_pod(cluster, f"pod-{suffix}", "default", f"claim-{suffix}")
+    return node
+
+
+def test_pending_claim_produces_mignode_spec(cluster: Testbed, operator: RunningOperator) -> None:
+    node = one_pending_claim(cluster, "b", "3g.40gb")
 
     def planned() -> dict[str, Any]:
         spec = get(cluster, "mignode", node).get("spec") or {}
@@ -75,20 +81,7 @@ def test_pending_claim_produces_mignode_spec(cluster: Testbed, operator: Running
 def test_unsatisfiable_claim_warns_once_and_plans_nothing(
     cluster: Testbed, operator: RunningOperator
 ) -> None:
-    node = "plan-u"
-    cluster.add_node(node, {"migpart-test": "u"})
-    put_mignode(cluster, node, [gpu_status(0, [])])
-    apply(
-        cluster,
-        policy_body(
-            "policy-u",
-            {"migpart-test": "u"},
-            profiles={"allow": ["1g.10gb"]},
-            reconfiguration={"batchWindowSeconds": 0},
-        ),
-    )
-    apply(cluster, claim_body("claim-u", "default", PROFILE_IS.format("7g.80gb")))
-    pending_pod(cluster, "pod-u", "default", "claim-u")
+    node = one_pending_claim(cluster, "u", "7g.80gb", profiles={"allow": ["1g.10gb"]})
 
     warned = eventually(
         lambda: [e for e in events(cluster, "claim-u", "default") if e["reason"] == "Unsatisfiable"]
@@ -148,20 +141,7 @@ def test_policies_carry_no_finalizer_and_a_deleted_one_stops_planning(
 
 
 def test_dry_run_reports_and_changes_nothing(cluster: Testbed, operator: RunningOperator) -> None:
-    node = "plan-dry"
-    cluster.add_node(node, {"migpart-test": "dry"})
-    put_mignode(cluster, node, [gpu_status(0, [])])
-    apply(
-        cluster,
-        policy_body(
-            "policy-dry",
-            {"migpart-test": "dry"},
-            mode="DryRun",
-            reconfiguration={"batchWindowSeconds": 0},
-        ),
-    )
-    apply(cluster, claim_body("claim-dry", "default", PROFILE_IS.format("2g.20gb")))
-    pending_pod(cluster, "pod-dry", "default", "claim-dry")
+    node = one_pending_claim(cluster, "dry", "2g.20gb", mode="DryRun")
 
     def reported() -> dict[str, Any]:
         status = get(cluster, "gpupartitionpolicy", "policy-dry").get("status") or {}
