@@ -37,14 +37,19 @@ def _published(bed: Testbed, node: str, devices: int) -> dict:
     return eventually(listed)
 
 
+def _published_node(bed: Testbed, suffix: str, instance: tuple[str, int]) -> tuple[str, dict]:
+    """Node slices-SUFFIX (labelled migpart-test=SUFFIX) whose MigNode reports one instance on
+    GPU 0, and the node's slice once published with it."""
+    node = f"slices-{suffix}"
+    bed.add_node(node, {"migpart-test": suffix})
+    put_mignode(bed, node, [gpu_status(0, [instance])])
+    return node, _published(bed, node, 1)
+
+
 def test_status_change_publishes_slice_with_next_generation(
     cluster: Testbed, operator: RunningOperator
 ) -> None:
-    node = "slices-c"
-    cluster.add_node(node, {"migpart-test": "c"})
-    put_mignode(cluster, node, [gpu_status(0, [("1g.10gb", 0)])])
-
-    first = _published(cluster, node, 1)
+    node, first = _published_node(cluster, "c", ("1g.10gb", 0))
     spec = first["spec"]
     assert spec["driver"] == DRIVER
     assert spec["nodeName"] == node
@@ -78,10 +83,7 @@ def test_status_change_publishes_slice_with_next_generation(
 
 
 def test_unchanged_device_set_keeps_generation(cluster: Testbed, operator: RunningOperator) -> None:
-    node = "slices-c2"
-    cluster.add_node(node, {"migpart-test": "c2"})
-    put_mignode(cluster, node, [gpu_status(0, [("2g.20gb", 0)])])
-    first = _published(cluster, node, 1)
+    node, first = _published_node(cluster, "c2", ("2g.20gb", 0))
     generation = first["spec"]["pool"]["generation"]
     # a status write that changes no device (a condition), then one that does
     cluster.kubectl(
@@ -102,10 +104,7 @@ def test_unchanged_device_set_keeps_generation(cluster: Testbed, operator: Runni
 def test_a_lost_slice_is_published_again_and_mignodes_carry_no_finalizer(
     cluster: Testbed, operator: RunningOperator
 ) -> None:
-    node = "slices-r"
-    cluster.add_node(node, {"migpart-test": "r"})
-    put_mignode(cluster, node, [gpu_status(0, [("3g.40gb", 0)])])
-    _published(cluster, node, 1)
+    node, _ = _published_node(cluster, "r", ("3g.40gb", 0))
     # Someone deletes it (or a write failed): the periodic resync writes it again, unasked.
     cluster.kubectl("delete", "resourceslice", f"{node}-{DRIVER}")
 
@@ -122,10 +121,7 @@ def test_the_resync_reads_no_slice_that_is_as_it_should_be(
 ) -> None:
     """The publisher knows the slices from its watch: at 1,000 nodes a GET per node and
     resync would be a steady load on the API server for nothing."""
-    node = "slices-w"
-    cluster.add_node(node, {"migpart-test": "w"})
-    put_mignode(cluster, node, [gpu_status(0, [("1g.10gb", 0)])])
-    _published(cluster, node, 1)
+    node, _ = _published_node(cluster, "w", ("1g.10gb", 0))
     state: OperatorState = operator.memo.state
     reads = state.publisher.reads
     time.sleep(3)  # three resyncs at the fixture's 1 s period
