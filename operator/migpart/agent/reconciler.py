@@ -191,19 +191,18 @@ async def _converge(
         )
 
 
+def overlaps(table: ModelTable, new: Instance, other: Instance) -> bool:
+    """Whether `new` and `other` would share a memory slice."""
+    if not (table.has(new.profile) and table.has(other.profile)):
+        return False
+    return bool(
+        table.profile(new.profile).mask(new.start) & table.profile(other.profile).mask(other.start)
+    )
+
+
 def overlapping(table: ModelTable, taken: Iterable[Instance], new: Instance) -> Instance | None:
     """An instance of `taken` whose memory slices `new` would share (None: none)."""
-    if not table.has(new.profile):
-        return None
-    mask = table.profile(new.profile).mask(new.start)
-    return next(
-        (
-            t
-            for t in taken
-            if table.has(t.profile) and table.profile(t.profile).mask(t.start) & mask
-        ),
-        None,
-    )
+    return next((t for t in taken if overlaps(table, new, t)), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,12 +302,8 @@ async def make_room_locked(
     listed = await backend.instances(gpu)
     if any(_key(i) == inst and i.ci_id is not None for i in listed):
         return None
-    mask = table.profile(inst.profile).mask(inst.start) if table.has(inst.profile) else 0
-    clashes = [
-        i
-        for i in listed  # a half-made instance of `inst` itself (no compute instance) too
-        if table.has(i.profile) and table.profile(i.profile).mask(i.start) & mask
-    ]
+    # a half-made instance of `inst` itself (no compute instance) too
+    clashes = [i for i in listed if overlaps(table, inst, _key(i))]
     for clash in clashes:  # every one checked before any is destroyed
         reason = await _busy_reason(backend, checkpoint, clash)
         if reason is not None:
