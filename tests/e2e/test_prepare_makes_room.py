@@ -5,8 +5,8 @@ for the next claim of that placement.
 
 The operator side of the design (a stable pool per offering node) is not built yet, so the
 test publishes that pool itself, as the operator will: GPU 0's counter set (the production
-`counter_set`) and every placement it lists as a device consuming the production
-`consumed_counters`, in the listing order, with no binding condition. The node does not opt
+`counter_set`) and every placement it lists as the production `placement_device` of a
+created instance, in the listing order, with no binding condition. The node does not opt
 in to migpart (`migpart.io/managed` None), so the suite's operator leaves it, its slices and
 its spec alone. On Kubernetes 1.34 the API server drops the counters (partitionable devices
 are not served there), so the test runs where they are served and checks that elsewhere.
@@ -20,8 +20,7 @@ from typing import Any
 from migpart.api.models import GpuStatus
 from migpart.api.selectors import MANAGED_LABEL
 from migpart.dra import DRIVER
-from migpart.offer_content import consumed_counters, counter_set, counter_set_name
-from migpart.slice_content import slice_device
+from migpart.offer_content import counter_set, placement_device
 from migpart.testing.builders import RESOURCE_API
 from tests.e2e.conftest import H100, SERVED, Scenario
 
@@ -38,19 +37,8 @@ def publish_pool(
 ) -> None:
     """The node's stable pool in two slices: the counter set, then the devices in order."""
     table = gpu.table()
-    devices = []
-    for profile, start in listed:
-        device = slice_device(0, table.profile(profile), start, gpu.model, gpu.uuid)
-        device["consumesCounters"] = [
-            {
-                "counterSet": counter_set_name(0),
-                "counters": {
-                    k: {"value": str(v)}
-                    for k, v in consumed_counters(table.profile(profile), start).items()
-                },
-            }
-        ]
-        devices.append(device)
+    # created=True: a device with no binding condition, as the stable pool lists each one
+    devices = [placement_device(gpu, table.profile(p), s, created=True) for p, s in listed]
     pool = {"name": node, "generation": 1, "resourceSliceCount": 2}
     bodies = [
         {"sharedCounters": [counter_set(0, table)]},
