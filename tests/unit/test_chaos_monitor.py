@@ -18,11 +18,9 @@ def _micro(at: float) -> str:
     return _stamp(at).replace("Z", ".189000Z")
 
 
-def _write(identity: str, at: float) -> dict[str, object]:
+def _write(identity: str, at: float, name: str = "node-1") -> dict[str, object]:
     manager = f"{FAULTS.MANAGER}{identity}"
-    return {
-        "metadata": {"name": "node-1", "managedFields": [{"manager": manager, "time": _stamp(at)}]}
-    }
+    return {"metadata": {"name": name, "managedFields": [{"manager": manager, "time": _stamp(at)}]}}
 
 
 def _lease(holder: str, acquired: float, renewed: float | None = None) -> dict[str, object]:
@@ -73,18 +71,7 @@ def test_a_write_past_the_renew_deadline_of_the_last_renewal_is_counted() -> Non
     monitor = FAULTS.ElectionMonitor()
     monitor.lease_seen(_lease("a", T0, T0 + 10.0), T0 + 10.0)
     inside, past = T0 + 10.0 + DEADLINE, T0 + 10.0 + DEADLINE + FAULTS.SLACK_S + 2.0
-    monitor.writes_seen(
-        [
-            _write("a", inside),
-            {
-                **_write("a", past),
-                "metadata": {
-                    "name": "node-2",
-                    "managedFields": [{"manager": f"{FAULTS.MANAGER}a", "time": _stamp(past)}],
-                },
-            },
-        ]
-    )
+    monitor.writes_seen([_write("a", inside), _write("a", past, "node-2")])
     assert monitor.judge() == {f"a wrote node-2 at {_stamp(past)}"}
 
 
