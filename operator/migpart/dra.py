@@ -30,14 +30,6 @@ KUBELET_PLUGIN_DIR = Path("/var/lib/kubelet/plugins") / DRIVER
 """Where kubelet expects the driver's DRA socket, by convention."""
 KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 
-# Offer mode (KEP-5007 binding conditions): a placement offered before its MIG instance exists
-# carries these; kube-scheduler waits in PreBind until the claim's `status.devices` entry for
-# it has INSTANCE_READY True (the operator sets it once the agent created the instance), and
-# sends the pod back to scheduling when INSTANCE_FAILED is True. Condition types must be
-# metav1 condition types (a qualified name): the driver name is their prefix.
-INSTANCE_READY = f"{DRIVER}/instance-ready"
-INSTANCE_FAILED = f"{DRIVER}/instance-failed"
-
 
 @dataclass(frozen=True, order=True, slots=True)
 class DeviceId:
@@ -88,29 +80,6 @@ def ours(results: Iterable[AllocatedDevice], pool: str | None = None) -> list[Al
     """The results of our driver (and, if given, of one pool: a node's plugin prepares only
     its own)."""
     return [r for r in results if r.driver == DRIVER and (pool is None or r.pool == pool)]
-
-
-def placement_device_fields() -> dict[str, Any]:
-    """The fields a ResourceSlice device of a placement not created yet carries besides its
-    name, attributes and counters: the scheduler binds a pod to it only once the operator
-    reports the instance ready (`INSTANCE_READY`), and the claim's allocation stays on the
-    node it was made for."""
-    return {
-        "bindsToNode": True,
-        "bindingConditions": [INSTANCE_READY],
-        "bindingFailureConditions": [INSTANCE_FAILED],
-    }
-
-
-def awaiting_binding(claim: Mapping[str, Any]) -> frozenset[DeviceId]:
-    """Our devices in the claim's allocation that wait for `INSTANCE_READY` (the scheduler
-    copies a device's binding conditions into its allocation result)."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return frozenset(
-        DeviceId(str(r.get("pool") or ""), str(r.get("device") or ""))
-        for r in (allocation.get("devices") or {}).get("results") or []
-        if r.get("driver") == DRIVER and INSTANCE_READY in (r.get("bindingConditions") or ())
-    )
 
 
 def allocated_ids(claim: Mapping[str, Any]) -> frozenset[DeviceId]:

@@ -5,7 +5,7 @@ name). As NVIDIA's DRA driver does, the content is computed in one place and han
 publisher that reconciles it with the cluster (`migpart.kube.slice_publisher`): `node_slices`
 takes the node's MigNode (as data), the devices the destroy protocol withdrew and whether the
 node is available, and returns the list of slices the node's pool must hold: one in reactive
-mode; offer mode's pool (`migpart.offer_content.offer_slices`) has several, its counter sets
+mode; offer mode's stable pool (`migpart.offer.pool.stable_pool`) has several, its counter sets
 in their own slices, each slice named by `slice_name(node, index)`.
 
 A device is published when the agent reports the instance created (status, so it exists on the

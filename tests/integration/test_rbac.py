@@ -15,10 +15,7 @@ import pytest
 
 from migpart.api.leases import LEASE_NAMESPACE
 from migpart.api.models import GROUP
-from migpart.dra import DRIVER, INSTANCE_READY
 from migpart.testbed import Testbed
-from tests.integration.access import account_token, call
-from tests.integration.conftest import claim_body, patch_status
 
 pytestmark = pytest.mark.integration
 
@@ -183,40 +180,3 @@ def test_service_accounts_hold_only_the_lease_role(installed: Testbed, account: 
             }
         ]
 
-
-def test_the_operator_may_write_its_drivers_entry_in_a_claims_status(installed: Testbed) -> None:
-    """Offer mode's relay writes a placement's binding condition into the claim's
-    `status.devices`: not only allowed on paper (the review above) but taken by the API
-    server from the operator's service account, with whatever finer authorization of device
-    status it applies."""
-    claim = "rbac-status"
-    installed.kubectl("apply", "-f", "-", input=json.dumps(claim_body(claim, "default", "true")))
-    result = {"request": "gpu", "driver": DRIVER, "pool": "rbac-node", "device": "gpu-0-1g10gb-0"}
-    selector = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}
-    allocation = {
-        "devices": {"results": [result]},
-        "nodeSelector": {"nodeSelectorTerms": [selector]},
-    }
-    patch_status(installed, "resourceclaim", claim, {"allocation": allocation}, "-n", "default")
-    entry = {
-        "driver": DRIVER,
-        "pool": "rbac-node",
-        "device": "gpu-0-1g10gb-0",
-        "conditions": [
-            {
-                "type": INSTANCE_READY,
-                "status": "True",
-                "reason": "InstanceCreated",
-                "message": "rbac test",
-                "lastTransitionTime": "2026-01-01T00:00:00Z",
-            }
-        ],
-    }
-    try:
-        token = account_token(installed, OPERATOR)
-        path = f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{claim}/status"
-        status, body = call(installed, token, "PATCH", path, {"status": {"devices": [entry]}})
-        assert status == 200, body
-        assert json.loads(body)["status"]["devices"][0]["conditions"][0]["type"] == INSTANCE_READY
-    finally:
-        installed.kubectl("delete", "resourceclaim", claim, "-n", "default", "--wait=false")

@@ -210,7 +210,6 @@ def test_unknown_key_fails_naming_it(values: Doc, named: str, command: str, tmp_
         ({"agent": {"kubeletRootDir": "var/lib/kubelet"}}, "kubeletRootDir"),
         ({"agent": {"extraArgs": ["resync-seconds=5"]}}, "extraArgs"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
-        ({"operator": {"offerDepth": 0}}, "offerDepth"),
     ],
     ids=[
         "enum",
@@ -220,7 +219,6 @@ def test_unknown_key_fails_naming_it(values: Doc, named: str, command: str, tmp_
         "relative-root",
         "arg-no-dashes",
         "interval",
-        "offer-depth-zero",
     ],
 )
 def test_bad_value_fails_naming_it(values: Doc, named: str, tmp_path: Path) -> None:

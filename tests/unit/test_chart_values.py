@@ -185,12 +185,6 @@ def test_operator_offer_publishing_is_off_unless_the_value_says_so(tmp_path: Pat
     assert args(docs, "Deployment").offer_publishing is True
 
 
-def test_operator_offer_depth_comes_from_the_value(tmp_path: Path) -> None:
-    assert args(render(), "Deployment").offer_depth == 2
-    docs = with_values(tmp_path, {"operator": {"offerDepth": 3}})
-    assert args(docs, "Deployment").offer_depth == 3
-
-
 def test_agent_keeps_node_name_with_extra_env(tmp_path: Path) -> None:
     docs = with_values(tmp_path, {"agent": {"extraEnv": [{"name": "EXTRA", "value": "1"}]}})
     assert env(docs, "DaemonSet")["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == (

@@ -82,9 +82,6 @@ OPERATOR_NEEDS = {
     # watched index claims_index (kube/watch.py); list_claims_quorum (destroy protocol)
     ("resource.k8s.io", "resourceclaims", "list"),
     ("resource.k8s.io", "resourceclaims", "watch"),
-    # kube/claims.py patch_claim_devices (offer mode's binding conditions)
-    ("resource.k8s.io", "resourceclaims/status", "patch"),
-    ("resource.k8s.io", "resourceclaims/driver", "arbitrary-node:patch"),  # status.devices
     # watched indexes waiting_index, nodes_index, classes_index (controller/indexes.py)
     ("", "pods", "list"),
     ("", "pods", "watch"),

@@ -32,7 +32,6 @@ from migpart.kube.client import KubeconfigError, api_client, load_configuration
 from migpart.kube.election import RENEW_DEADLINE_S, RETRY_PERIOD_S, new_identity
 from migpart.kube.election_lease import DEFAULT_NAMESPACE, LEASE_NAME
 from migpart.kube.election_lease import LEASE_DURATION_S as ELECTION_LEASE_S
-from migpart.planning.offer import DEFAULT_DEPTH
 
 log = structlog.get_logger(__name__)
 
@@ -54,16 +53,6 @@ def _seconds(text: str) -> float:
     value = _number(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds >= 0")
-    return value
-
-
-def _offer_depth(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: expected a number of placements >= 1")
     return value
 
 
@@ -139,20 +128,10 @@ def parser() -> argparse.ArgumentParser:
         "--offer-publishing",
         action=argparse.BooleanOptionalAction,
         default=_env_flag("MIGPART_OFFER_PUBLISHING"),
-        help="offer mode (docs/offer-mode.md#turning-it-on): nodes of a policy whose allocation "
-        "in effect is Offer (Kubernetes 1.36+) publish the placements migpart would create, and "
-        "the scheduler allocates them at once (default: off, or $MIGPART_OFFER_PUBLISHING=true; "
-        "every policy then runs Reactive)",
-    )
-    p.add_argument(
-        "--offer-depth",
-        type=_offer_depth,
-        default=DEFAULT_DEPTH,
-        help="offer mode: how many new placements of each profile a node offers, the best "
-        f"first; whole-GPU profiles at least one per GPU (default {DEFAULT_DEPTH}: a request "
-        "for more devices of one profile on one node is served by a round; kube-scheduler "
-        "evaluates every listed device each time it tries to fit a pod on a node, so a "
-        "deeper offer costs it CPU)",
+        help="offer mode (docs/offer-mode.md): nodes of a policy whose allocation in effect is "
+        "Offer (Kubernetes 1.36+) publish one stable pool of every placement, and the agent "
+        "makes the allocated placement's instance when kubelet prepares the claim (default: "
+        "off, or $MIGPART_OFFER_PUBLISHING=true; every policy then runs Reactive)",
     )
     p.add_argument(
         "--node-selector",
@@ -270,7 +249,6 @@ async def run(args: argparse.Namespace) -> None:
         served=served,
         election=election(args),
         offer_publishing=args.offer_publishing,
-        offer_depth=args.offer_depth,
         node_selector=args.node_selector,
     )
     try:

@@ -35,7 +35,7 @@ from migpart.api.models import Condition, GpuPartitionPolicyStatus, MigNode, Mig
 from migpart.controller.bodies import strip
 from migpart.controller.scope import ScopeCache
 from migpart.errors import NotLeader
-from migpart.kube.claims import body_key, list_claims_quorum, patch_claim_devices
+from migpart.kube.claims import list_claims_quorum
 from migpart.kube.election import Leadership, Term, Unelected
 from migpart.kube.events import post_event
 from migpart.kube.objects import (
@@ -105,11 +105,6 @@ class Effects(Protocol):
 
     def event(self, body: Body, type: str, reason: str, message: str) -> None:
         """Post a Kubernetes Event about `body`."""
-        ...
-
-    async def write_claim_devices(self, claim: Body, devices: list[dict[str, Any]]) -> None:
-        """Replace a ResourceClaim's `status.devices` over the claim as read (offer mode's
-        binding conditions, controller/offer_relay.py)."""
         ...
 
 
@@ -227,7 +222,3 @@ class KubeEffects(FencedPort):
             await post_event(self.api, body, type, reason, message)
         except (ApiException, aiohttp.ClientError, TimeoutError) as error:
             log.warning("event_failed", reason=reason, error=str(error)[:200])
-
-    async def write_claim_devices(self, claim: Body, devices: list[dict[str, Any]]) -> None:
-        self._fence("claim status", body_key(claim))
-        await patch_claim_devices(self.api, claim, devices)

@@ -47,8 +47,6 @@ from migpart.controller.indexes import (
 from migpart.controller.loop import plan_policy
 from migpart.controller.metrics import Metrics
 from migpart.controller.mignodes import MigNodeWatch, watch_mignodes
-from migpart.controller.offer_relay import OfferRelay, RelayingIndex
-from migpart.controller.offers import Offers
 from migpart.controller.reconcile import assign_offers, report_invalid
 from migpart.controller.scope import ScopeCache
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
@@ -72,7 +70,7 @@ from migpart.kube.features import discover_dra_features, dry_run_create
 from migpart.kube.leases import stale_conditions, watch_leases
 from migpart.kube.slice_publisher import Published, SlicePublisher
 from migpart.kube.slice_watch import SliceWatch, watch_slices
-from migpart.planning.offer import DEFAULT_DEPTH
+from migpart.offer.nodes import HoldingIndex, OfferingNodes
 
 log = structlog.get_logger(__name__)
 
@@ -115,11 +113,9 @@ class OperatorConfig:
     served: asyncio.Event = field(default_factory=asyncio.Event)
     # None: no election, this operator writes from the start (the only one, by its user's word)
     election: Election | None = None
-    # `--offer-publishing`: nodes of policies whose mode in effect is Offer publish offers
-    # (controller/offers.py); off, every policy runs Reactive
+    # `--offer-publishing`: nodes of policies whose mode in effect is Offer publish one stable
+    # pool (migpart.offer); off, every policy runs Reactive
     offer_publishing: bool = False
-    # `--offer-depth`: new placements offered per profile and node (planning.offer, "How many")
-    offer_depth: int = DEFAULT_DEPTH
     # `--node-selector`: the Nodes migpart manages (opted in); no device is published elsewhere
     node_selector: LabelSelector = field(
         default_factory=lambda: parse_node_selector(DEFAULT_NODE_SELECTOR)
@@ -163,7 +159,7 @@ async def startup(
         registration_grace_s=config.registration_grace_s,
         selects=config.node_selector.matches,
     )
-    publisher = SlicePublisher(api, gate=health.reason, clock=config.clock)
+    publisher = SlicePublisher(api, gate=health.reason)
     scopes = ScopeCache()
     effects = KubeEffects(api, publisher, scopes, leadership)
     effects.on_refused.append(lambda write: config.metrics.fenced_writes.labels(write).inc())
@@ -200,8 +196,8 @@ async def startup(
     mignodes = MigNodeWatch(state, state.slices_listed)
     slices = SliceWatch(publisher, state.slices_listed, mignodes.publish)
     watched = watched_indexes(state)
-    relay = _wire_offers(state, config.offer_publishing, mignodes, config.offer_depth)
-    watched["claims_index"] = RelayingIndex(relay, WATCHED["claims_index"].entry, state.wake_all)
+    offering = _wire_offers(state, config.offer_publishing, mignodes)
+    watched["claims_index"] = HoldingIndex(offering, WATCHED["claims_index"].entry, state.wake_all)
     state.watched = {**watched, "mignodes_index": mignodes}
     state.indexes = Indexes.of(mignodes, watched)
     state.tasks = [
@@ -230,17 +226,12 @@ async def startup(
         registration_grace_s=config.registration_grace_s,
         offer_served=state.dra.offer_served,
         offer_publishing=config.offer_publishing,
-        offer_depth=config.offer_depth,
     )
 
 
-def _wire_offers(
-    state: OperatorState, publishing: bool, mignodes: MigNodeWatch, depth: int = DEFAULT_DEPTH
-) -> OfferRelay:
-    """Offer mode (controller/offers.py): the relay acts on the nodes that publish offers, and
-    with `publishing` the publisher asks `Offers.slices` what a node's pool holds and
-    `Offers.needs` whether a change of it may wait (without it, reactive mode's `node_slices`
-    for every node, every change written, as before)."""
+def _wire_offers(state: OperatorState, publishing: bool, mignodes: MigNodeWatch) -> OfferingNodes:
+    """Offer mode (migpart.offer): with `publishing` the publisher asks `OfferingNodes.slices`
+    what a node's pool holds (without it, reactive mode's `node_slices` for every node)."""
     publisher = state.publisher
     state.offer_publishing = publishing
 
@@ -248,28 +239,10 @@ def _wire_offers(
         publisher.invalidate(node)
         mignodes.publish(node)
 
-    async def publish_first(node: str) -> None:
-        publisher.invalidate(node)
-        await state.effects.publish(node)
-
-    relay = OfferRelay(
-        state,
-        offered=lambda node: state.offers.offered(node),
-        changed=lambda node: state.offers.touch(node),
-        publish_first=publish_first,
-    )
-    state.relay = relay
-    state.offers = Offers(
-        held=relay.held,
-        refused=lambda node: relay.refused.get(node, frozenset()),
-        on_change=recompute,
-        backing_off=relay.backing_off,
-        depth=depth,
-    )
+    state.offers = OfferingNodes(on_change=recompute, taints=state.dra.device_taints)
     if publishing:
         publisher.slices = state.offers.slices
-        publisher.needs = state.offers.needs
-    return relay
+    return state.offers
 
 
 def _elector(config: OperatorConfig) -> ElectionThread | None:
@@ -338,8 +311,6 @@ async def take_over(state: OperatorState) -> None:
             return
         await _publish(state, name)
     await mark_stale(state)
-    if state.relay is not None:
-        state.relay.settle_all()
 
 
 async def _publish(state: OperatorState, name: str) -> None:
@@ -390,8 +361,6 @@ async def resync_slices(state: OperatorState, period_s: float = SLICE_RESYNC_S) 
     """
     while True:
         await state.clock.sleep(period_s)
-        if state.relay is not None:
-            state.relay.expire()  # the offer relay's back-offs that ended: offered again
         for name in state.publisher.nodes():
             if not state.publishing():
                 break

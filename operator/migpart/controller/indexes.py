@@ -24,7 +24,7 @@ from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
 from migpart.controller.bodies import name_of
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
-from migpart.kube.claims import claim_key, pod_claim_keys, pod_unschedulable, pod_waiting
+from migpart.kube.claims import claim_key, pod_claim_keys, pod_waiting
 from migpart.kube.placement import NodeFacts, node_facts, pod_placement
 from migpart.kube.watch import (
     Index,
@@ -132,16 +132,12 @@ def claim_entry(body: Body) -> dict[str, Any]:
 
 
 def waiting_entry(body: Body) -> dict[str, Any] | None:
-    """Claim key -> the placement and priority of a waiting pod (`pod_waiting`) that uses it,
-    and whether the scheduler found it unschedulable (the `waiting` watched index)."""
+    """Claim key -> the placement and priority of a waiting pod (`pod_waiting`) that uses it
+    (the `waiting` watched index)."""
     claims = pod_claim_keys(body)
     if not claims or not pod_waiting(body):
         return None
     placement = pod_placement(body)
-    if pod_unschedulable(body):
-        # offer mode plans only for these (controller/offers.py); absent, not False, so that
-        # a reactive cluster's entries are what they were
-        placement["unschedulable"] = True
     return {key: placement for key in claims}
 
 

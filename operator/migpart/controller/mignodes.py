@@ -9,15 +9,11 @@ back as a MigNode event: thousands in a burst at 1,000 nodes. `MigNodeWatch` kee
   publishers of the node's GPUs (`PublisherOverlap`), and whether the MigNode carries `Stale`;
 - writes, while leading, a spec the agent refused (an older leadership's, `decisions.
   refused_spec_repair`) over with what the agent has;
-- tells the offer relay (`controller/offer_relay.py`) that the node changed;
 - publishes the node's ResourceSlice (`SlicePublisher`), in a task of its own: once the
   slice watch has listed (so that the publisher knows every slice and never creates one that
   exists), while `OperatorState.publishing`, at most PUBLISH_CONCURRENCY at once. A failed
   write is logged; the periodic resync writes it. The slice watch hands a deleted slice to
-  `publish` too, so every slice write of a node goes through its one task. A change the
-  publisher held back (offer mode: one the scheduler cannot act on yet, `Published.deferred`)
-  is published once more after the publisher's `steering_delay_s`, so that it waits no longer
-  than that.
+  `publish` too, so every slice write of a node goes through its one task.
 
 A MigNode deleted, or gone from a new list, is forgotten by the publisher and node health.
 """
@@ -69,8 +65,6 @@ class MigNodeWatch(Index):
         self._again: set[str] = set()
         self._repairing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        # node -> the task that publishes it again once a held-back change may wait no longer
-        self._later: dict[str, asyncio.Task[None]] = {}
 
     def listed(self, objects: Sequence[Body]) -> None:
         gone = set(self) - {name_of(o) for o in objects}
@@ -112,8 +106,6 @@ class MigNodeWatch(Index):
         )
         self.repair(name, view.node)
         self.publish(name)
-        if state.relay is not None:
-            state.relay.node_changed(name)
 
     def repair(self, name: str, node: MigNode) -> None:
         """Replace a spec the agent refused (see `refused_spec_repair`), once per spec."""
@@ -156,32 +148,15 @@ class MigNodeWatch(Index):
                     return
                 async with self._publishing:
                     try:
-                        published = await self.state.effects.publish(name)
+                        await self.state.effects.publish(name)
                     except (ApiException, MigpartError, TimeoutError) as error:
                         log.warning(
                             "resource_slice_write_failed", node=name, error=str(error)[:300]
                         )
-                    else:
-                        if published.deferred:
-                            self._publish_later(name)
                 if name not in self._again:
                     return
         finally:
             del self._writes[name]
-
-    def _publish_later(self, name: str) -> None:
-        """Publish the node again once the change its publisher held back may wait no longer
-        (one such task per node)."""
-        if name not in self._later:
-            task = asyncio.create_task(self._after_delay(name), name=f"publish-later-{name}")
-            self._later[name] = task
-
-    async def _after_delay(self, name: str) -> None:
-        try:
-            await self.state.clock.sleep(self.state.publisher.steering_delay_s)
-        finally:
-            del self._later[name]
-        self.publish(name)
 
 
 async def watch_mignodes(api: ApiClient, sink: MigNodeWatch) -> None:

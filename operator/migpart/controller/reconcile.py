@@ -7,6 +7,12 @@ and is level-triggered: it recomputes its decisions from what the cluster says n
 MigNode spec only when the plan changes a GPU's layout, so running it twice changes nothing.
 Which nodes and claims a policy sees is decided in `controller.scope`. A claim no policy can
 satisfy is reported once per generation (Warning `Unsatisfiable`) and never triggers a plan.
+
+A policy whose mode in effect is Offer (`migpart.offer`) plans nothing: its rounds tell
+`state.offers` which nodes offer (their pools list every placement, and kube-scheduler
+allocates from them), and give each node the offering spec (`decisions.offer_spec`). A node
+that stops offering gets a spec of what it has (`decisions.handed_back_spec`) before any plan
+of it is made, so that its agent stops making room at prepare first.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -26,22 +32,21 @@ from migpart.api.models import (
     GpuPartitionPolicy,
     LastPlan,
     MigNode,
+    MigNodeSpec,
 )
 from migpart.controller import screening
-from migpart.controller.allocation import acting, fell_back, resolve_allocation
 from migpart.controller.bodies import uid_of
-from migpart.controller.decisions import node_spec
+from migpart.controller.decisions import handed_back_spec, node_spec, offer_spec
 from migpart.controller.destroy import DestroyProtocol, Redo
-from migpart.controller.indexes import newest_mignode, with_own_writes
-from migpart.controller.offers import NodeOffer, unschedulable_requests
-from migpart.controller.relay import existing
+from migpart.controller.indexes import with_own_writes
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
 from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
 from migpart.controller.status import invalid_status, round_status
 from migpart.dra import as_iso
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.snapshot import node_name, reconfiguring
-from migpart.mig import device_name
+from migpart.offer.mode import acting, fell_back, resolve_allocation
+from migpart.offer.nodes import NodeOffer
 from migpart.planning.changes import changed_nodes, choose_nodes, layout_changes
 from migpart.planning.model import GpuPlan, Plan, Snapshot
 from migpart.planning.overtime import aged_requests
@@ -93,7 +98,7 @@ class PolicyRound:
             state.withdrawing,
         )
         self.log = log.bind(policy=name)
-        # set by run: this policy's nodes publish offers (controller/offers.py)
+        # set by run: this policy's nodes offer (migpart.offer)
         self.offering = False
         # set by run: a plan was held back (batch window open, or paced), until when (s)
         self.deferred = False
@@ -112,15 +117,17 @@ class PolicyRound:
             return RoundResult()
         scope = screening.oversized(scope, self.cluster.claims)
         self.offering = self.offer_scope(policy, scope)
-        scope = self.served_by_offer(scope)
         excluded = screening.excluded_for(policy, self.state.scopes.excluded, self.cluster)
         self.warn_excluded(excluded)
         self.warn_unsatisfiable(scope.demand.unsatisfiable)
         self.state.metrics.pending_requests.labels(self.name).set(scope.demand.pending)
         result = RoundResult()
         last_plan: LastPlan | None = None
-        deferred = not self.may_plan(policy, scope.demand)
-        if scope.nodes and not deferred:
+        # an offering policy plans nothing; a node's mode changing is written before a plan
+        modes_written = await self.write_modes(policy, scope)
+        plans = not self.offering and not modes_written
+        deferred = plans and not self.may_plan(policy, scope.demand)
+        if scope.nodes and plans and not deferred:
             for _ in range(MAX_REDO):
                 try:
                     result, last_plan = await self.plan_and_apply(policy, scope)
@@ -131,7 +138,6 @@ class PolicyRound:
                     # round started with: a node given a spec must not get a second one
                     self.cluster = with_own_writes(self.cluster, self.state.written)
                     scope = screening.oversized(self.scope() or scope, self.cluster.claims)
-                    scope = self.served_by_offer(scope)
         await self.write_status(policy, scope, last_plan, excluded)
         self.deferred = result.deferred = deferred
         return result
@@ -172,10 +178,6 @@ class PolicyRound:
     ) -> tuple[RoundResult, LastPlan | None]:
         began = time.perf_counter()
         allocated = self.destroy.allocated(self.cluster.claims)
-        if self.state.relay is not None:
-            # placements the relay dropped because they could not be created: used, so that
-            # nothing is planned there before their back-off ends (`without_backoffs`)
-            allocated |= self.state.relay.backing_off_devices()
         # The planner is a pure function of these: the same inputs give the same plan, whose
         # changes were written (then the nodes differ now) or could not be (nothing changed,
         # or every changed node still reconfiguring: `nodes` holds their status too).
@@ -218,7 +220,7 @@ class PolicyRound:
         busy = {node_name(n) for n in scope.nodes if reconfiguring(n)}
         chosen = choose_nodes(changed, busy, plan, policy.spec.reconfiguration.max_concurrent_nodes)
         plan_id = uuid.uuid4().hex[:16]
-        targets = self.without_backoffs([g for g in plan.gpus if g.node in chosen], scope)
+        targets = [g for g in plan.gpus if g.node in chosen]
         created = sum(len(c[1] - c[0]) for (node, _), c in changes.items() if node in chosen)
         destroyed = sum(len(c[0] - c[1]) for (node, _), c in changes.items() if node in chosen)
         last_plan = LastPlan(
@@ -263,30 +265,6 @@ class PolicyRound:
         with self.destroy.owning(chosen):
             return await self.reconfigure(work, plan_id, result, last_plan)
 
-    def without_backoffs(self, targets: list[GpuPlan], scope: Scope) -> list[GpuPlan]:
-        """`targets` less the placements the offer relay backs off from that do not exist
-        (controller/offer_relay.py): the snapshot counts them as used, so that nothing is
-        planned over them, but no spec may want them again before their back-off ends."""
-        relay = self.state.relay
-        if relay is None or not relay.backoffs:
-            return targets
-        nodes = {node_name(n): n for n in scope.nodes}
-        out: list[GpuPlan] = []
-        for target in targets:
-            leave_out = relay.backing_off(target.node)
-            node = nodes.get(target.node)
-            if not leave_out or node is None:
-                out.append(target)
-                continue
-            made = existing(node).get(target.index, {})
-            instances = tuple(
-                i
-                for i in target.instances
-                if i in made or device_name(target.index, i.profile, i.start) not in leave_out
-            )
-            out.append(replace(target, instances=instances))
-        return out
-
     async def reconfigure(
         self,
         work: list[tuple[MigNode, list[GpuPlan]]],
@@ -301,17 +279,10 @@ class PolicyRound:
         # plan may reconfigure dozens, and one write after the other took seconds)
         writing = asyncio.Semaphore(SPEC_WRITES)
 
-        planned = {node_name(node): node.spec.plan_id if node.spec else None for node, _ in work}
-
         async def write(name: str) -> None:
             async with writing:
-                if self.spec_moved(name, planned[name]):
-                    raise Redo(name)  # the offer relay wrote meanwhile: plan on its spec
-                written = await self.effects.write_spec(name, node_spec(plan_id, per_node[name]))
-            self.state.written[name] = written
-            self.state.hooks.record(JournalEntry("spec_written", name, detail=plan_id))
+                await self.write_spec(name, node_spec(plan_id, per_node[name]), plan_id)
             self.state.metrics.repartitions.labels(self.name).inc()
-            self.log.info("mignode_spec_written", node=name, plan_id=plan_id)
             result.written_nodes.append(name)
 
         outcomes = await asyncio.gather(*(write(n) for n in cleared), return_exceptions=True)
@@ -322,39 +293,54 @@ class PolicyRound:
             raise Redo(kept[0])  # plan again: a device got allocated while being withdrawn
         return result, last_plan
 
-    def spec_moved(self, name: str, planned: str | None) -> bool:
-        """Whether MigNode `name`'s spec is no longer the one this round planned on: the offer
-        relay (controller/offer_relay.py) added an allocated placement to it meanwhile, which
-        this round's spec would drop."""
-        index = self.state.mignode_index()
-        body = newest_mignode(index, self.state.written, name)
-        if body is None:
+    async def write_spec(self, name: str, spec: MigNodeSpec, plan_id: str) -> None:
+        """Write MigNode `name`'s spec, and remember it until the watch shows it."""
+        self.state.written[name] = await self.effects.write_spec(name, spec)
+        self.state.hooks.record(JournalEntry("spec_written", name, detail=plan_id))
+        self.log.info("mignode_spec_written", node=name, plan_id=plan_id)
+
+    async def write_modes(self, policy: GpuPartitionPolicy, scope: Scope) -> bool:
+        """Give every node of the scope the spec of its mode where it has the other one: an
+        offering node `offer_spec`, a node that offered no more `handed_back_spec`. Returns
+        whether any was written (then this round plans nothing: the next plans on the new
+        specs). A DryRun policy writes nothing."""
+        if policy.spec.mode == "DryRun":
             return False
-        return (body.get("spec") or {}).get("planId") != planned
+        plan_id = uuid.uuid4().hex[:16]
+        specs: dict[str, MigNodeSpec] = {}
+        for node in scope.nodes:
+            offers = node.spec is not None and node.spec.allocation == "Offer"
+            if self.offering and not offers:
+                specs[node_name(node)] = offer_spec(plan_id)
+            elif offers and not self.offering:
+                spec = handed_back_spec(node, plan_id)
+                if spec is not None:
+                    specs[node_name(node)] = spec
+        if not specs:
+            return False
+        mode = "Offer" if self.offering else "Reactive"
+        self.effects.event(
+            self.body,
+            "Normal",
+            "AllocationModeChanged",
+            f"nodes {', '.join(sorted(specs))} now allocate in mode {mode}"[:1000],
+        )
+        writing = asyncio.Semaphore(SPEC_WRITES)
+
+        async def write(name: str, spec: MigNodeSpec) -> None:
+            async with writing:
+                await self.write_spec(name, spec, plan_id)
+
+        await asyncio.gather(*(write(name, spec) for name, spec in specs.items()))
+        self.state.wake_all()
+        return True
 
     def offer_scope(self, policy: GpuPartitionPolicy, scope: Scope) -> bool:
         """Tell `state.offers` which nodes publish offers: this policy's, where it offers
         (`policy_offer`). Returns whether they do."""
         offer = policy_offer(self.state, self.name, policy)
-        offering = offer is not None
-        changed = self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
-        relay = self.state.relay
-        if offering and relay is not None:
-            # A node that starts to offer may hold allocations of placements its pool offered
-            # before (an earlier leader's, or before its policy went Reactive): no other event
-            # of their claims comes while their pods wait in PreBind. (A take-over settles
-            # every node itself, once it has said which nodes offer: handlers.take_over.)
-            for name in changed:
-                relay.node_changed(name)
-        return offering
-
-    def served_by_offer(self, scope: Scope) -> Scope:
-        """An offering policy plans only for the claims the scheduler could not serve from the
-        offer (`offers.unschedulable_requests`); a reactive one for every pending claim."""
-        if not self.offering:
-            return scope
-        requests = unschedulable_requests(scope.demand.requests, self.cluster.waiting)
-        return replace(scope, demand=replace(scope.demand, requests=requests))
+        self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
+        return offer is not None
 
     def warn_unsatisfiable(self, claims: Iterable[tuple[Body, str]]) -> None:
         """Warning Event once per claim generation (not once per round)."""
@@ -420,9 +406,8 @@ class PolicyRound:
 
 
 def policy_offer(state: OperatorState, name: str, policy: GpuPartitionPolicy) -> NodeOffer | None:
-    """What the nodes of policy `name` publish: its offer where its mode in effect is Offer
-    and it acts (a DryRun policy creates nothing, so offers nothing); None: reactive mode's
-    slices."""
+    """Why the nodes of policy `name` offer, where its mode in effect is Offer and it acts (a
+    DryRun policy creates nothing, so offers nothing); None: reactive mode's slices."""
     resolved = resolve_allocation(policy.spec.allocation, state.dra, state.offer_publishing)
     if acting(resolved, policy.spec.mode).mode != "Offer":
         return None
@@ -430,12 +415,11 @@ def policy_offer(state: OperatorState, name: str, policy: GpuPartitionPolicy) ->
 
 
 def assign_offers(state: OperatorState, cluster: Cluster) -> None:
-    """Tell `state.offers` which nodes publish offers under every valid policy of `cluster`,
-    as each policy's next round will (`PolicyRound.offer_scope`: the same nodes, the same
-    offer). A standby runs no round, so a new leader calls this on its synced view before it
-    publishes anything (`handlers.take_over`): else it would publish an offering node's pool
-    as reactive mode's slice, and kube-scheduler's allocations of offered placements in
-    flight would find them gone."""
+    """Tell `state.offers` which nodes offer under every valid policy of `cluster`, as each
+    policy's next round will (`PolicyRound.offer_scope`: the same nodes, the same view). A
+    standby runs no round, so a new leader calls this on its synced view before it publishes
+    anything (`handlers.take_over`): else it would publish an offering node's pool as reactive
+    mode's slice, and write it again at its first round (two pool generations for nothing)."""
     for name, policy in state.scopes.refresh(cluster).items():
         state.offers.assign(name, state.scopes.nodes(name), policy_offer(state, name, policy))
 

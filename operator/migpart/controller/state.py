@@ -18,7 +18,6 @@ from migpart.clock import Clock
 from migpart.controller.effects import Effects
 from migpart.controller.health import NodeHealth, StaleMarks
 from migpart.controller.metrics import Metrics
-from migpart.controller.offers import Offers
 from migpart.controller.scope import ScopeCache
 from migpart.controller.workers import Workers
 from migpart.dra import DeviceId
@@ -29,11 +28,11 @@ from migpart.kube.features import DraFeatures
 from migpart.kube.slice_publisher import SlicePublisher
 from migpart.kube.snapshot import SnapshotCache
 from migpart.kube.watch import Index
+from migpart.offer.nodes import OfferingNodes
 from migpart.planning.model import Plan, Request
 
 if TYPE_CHECKING:
     from migpart.controller.indexes import Indexes
-    from migpart.controller.offer_relay import OfferRelay
 
 # How long a quorum-read sighting of an allocation stands in for the claim watch (which
 # normally shows it within a second): after that it is forgotten even if the watch never
@@ -171,13 +170,11 @@ class OperatorState:
     dra: DraFeatures = field(default_factory=lambda: DraFeatures.unknown("not asked yet"))
     # the Stale condition of nodes whose agent stopped renewing its Lease
     stale: StaleMarks = field(default_factory=StaleMarks)
-    # offer mode: creates allocated placements and sets the claims' binding conditions
-    relay: OfferRelay | None = None
     # `migpart operator --offer-publishing`: policies whose mode in effect is Offer publish
     # offers (off: every policy is Reactive, whatever the server serves)
     offer_publishing: bool = False
-    # which nodes publish offers, under which policy (controller/offers.py)
-    offers: Offers = field(default_factory=Offers)
+    # which nodes offer, under which policy, and what claims hold there (migpart.offer.nodes)
+    offers: OfferingNodes = field(default_factory=OfferingNodes)
     # set once this leadership's take-over has told `offers` which nodes offer, from its
     # synced view (handlers.take_over; cleared by handlers.lead)
     offers_known: bool = False
@@ -209,8 +206,8 @@ class OperatorState:
         self.workers.wake_all()
 
     def mignode_index(self) -> Mapping[str, Any]:
-        """The MigNode watch's index (controller.mignodes.MigNodeWatch): what the offer relay
-        and the rounds read a MigNode's newest body from (empty before startup set it)."""
+        """The MigNode watch's index (controller.mignodes.MigNodeWatch): what the rounds read a
+        MigNode's newest body from (empty before startup set it)."""
         return self.indexes.mignodes if self.indexes is not None else {}
 
     async def watched_synced(self) -> None:

@@ -23,8 +23,6 @@ from migpart.api.models import MigNode
 from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION, DeviceId, allocated_ids
 from migpart.types import Body
 
-MERGE_PATCH = "application/merge-patch+json"
-
 
 def claim_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
@@ -96,16 +94,6 @@ def pod_waiting(pod: Body) -> bool:
     return (pod.get("status") or {}).get("phase") in (None, "Pending")
 
 
-def pod_unschedulable(pod: Body) -> bool:
-    """kube-scheduler tried the pod and found no node (`PodScheduled=False/Unschedulable`)."""
-    return any(
-        c.get("type") == "PodScheduled"
-        and c.get("status") == "False"
-        and c.get("reason") == "Unschedulable"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-
-
 def pending_claims(
     claims: Mapping[str, Body], waiting: Iterable[str], allocated: frozenset[str] = frozenset()
 ) -> Iterator[tuple[str, Body]]:
@@ -152,27 +140,3 @@ async def list_claims_quorum(api: ApiClient) -> list[dict[str, Any]]:
     )
     items: list[dict[str, Any]] = result.get("items") or []
     return items
-
-
-async def patch_claim_devices(
-    api: ApiClient, claim: Body, devices: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """Replace the claim's `status.devices` (offer mode: the binding conditions of our
-    devices, `controller/relay.py`), only over the claim as it was read (the resourceVersion
-    precondition): another driver may have written its entries meanwhile, and a merge patch
-    replaces the whole list. Raises ApiException 409 then; the next claim event retries."""
-    meta = claim.get("metadata") or {}
-    body = {
-        "metadata": {"resourceVersion": str(meta.get("resourceVersion") or "")},
-        "status": {"devices": devices},
-    }
-    result: dict[str, Any] = await CustomObjectsApi(api).patch_namespaced_custom_object_status(
-        RESOURCE_GROUP,
-        RESOURCE_VERSION,
-        str(meta.get("namespace") or ""),
-        "resourceclaims",
-        str(meta.get("name") or ""),
-        body,
-        _content_type=MERGE_PATCH,  # type: ignore[call-arg]
-    )
-    return result

@@ -1,9 +1,9 @@
 """Which DRA features the API server serves, asked of the server itself.
 
 Offer mode (docs/offer-mode.md) needs partitionable devices (`sharedCounters`,
-`consumesCounters`: KEP-4815) and binding conditions (`bindingConditions`,
-`bindingFailureConditions`, `bindsToNode`: KEP-5007). A version string cannot say whether they
-are on: each is behind a feature gate that a cluster may turn off (or, before 1.36, on). An API
+`consumesCounters`: KEP-4815), and uses device taints (`devices[].taints`: KEP-5055) to evict
+the pod of a placement the agent cannot make. A version string cannot say whether they are
+on: each is behind a feature gate that a cluster may turn off (or, before 1.36, on). An API
 server drops the fields of a disabled gate from what it stores, so a server-side dry-run create
 of two ResourceSlices that use them (counters and devices must be in separate slices) answers
 the question: the fields that survive in the response are served. Nothing is persisted.
@@ -33,8 +33,7 @@ log = structlog.get_logger(__name__)
 _PROBE = "migpart-feature-probe"
 _COUNTER_SET = "probe"
 _COUNTER = "probe"
-_CONDITION = "probe.migpart.io/ready"
-_FAILURE = "probe.migpart.io/failed"
+_TAINT = {"key": "probe.migpart.io/probe", "effect": "NoExecute"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +42,12 @@ class DraFeatures:
     that was found out (or why it could not be)."""
 
     partitionable_devices: bool
-    binding_conditions: bool
+    device_taints: bool
     detail: str
 
     @property
     def offer_served(self) -> bool:
-        return self.partitionable_devices and self.binding_conditions
+        return self.partitionable_devices
 
     @classmethod
     def unknown(cls, why: str) -> DraFeatures:
@@ -64,13 +63,11 @@ def counters_probe() -> dict[str, Any]:
 
 
 def devices_probe() -> dict[str, Any]:
-    """A ResourceSlice with one device that consumes that counter and has binding conditions."""
+    """A ResourceSlice with one device that consumes that counter and has a taint."""
     device = {
         "name": "probe",
         "consumesCounters": [{"counterSet": _COUNTER_SET, "counters": {_COUNTER: {"value": "1"}}}],
-        "bindsToNode": True,
-        "bindingConditions": [_CONDITION],
-        "bindingFailureConditions": [_FAILURE],
+        "taints": [dict(_TAINT)],
     }
     return _slice(f"{_PROBE}-devices", {"devices": [device]})
 
@@ -95,12 +92,12 @@ def features_of(counters: Mapping[str, Any], devices: Mapping[str, Any]) -> DraF
     listed = (devices.get("spec") or {}).get("devices") or [{}]
     device = listed[0]
     partitionable = bool(shared) and bool(device.get("consumesCounters"))
-    binding = bool(device.get("bindingConditions")) and bool(device.get("bindingFailureConditions"))
-    found = {"partitionable devices": partitionable, "binding conditions": binding}
+    taints = bool(device.get("taints"))
+    found = {"partitionable devices": partitionable, "device taints": taints}
     served = ", ".join(name for name, on in found.items() if on)
     dropped = ", ".join(name for name, on in found.items() if not on)
     parts = (f"served: {served}" if served else "", f"not served: {dropped}" if dropped else "")
-    return DraFeatures(partitionable, binding, "; ".join(p for p in parts if p))
+    return DraFeatures(partitionable, taints, "; ".join(p for p in parts if p))
 
 
 DryRunCreate = Callable[[dict[str, Any]], Awaitable[Mapping[str, Any]]]

@@ -12,14 +12,6 @@ the new one once all of its slices are there (an incomplete pool is not allocate
 What the slices hold now comes from the operator's slice watch
 (`migpart.kube.slice_watch.SliceView`) and from the responses to its own writes; a pool
 created again continues its generations from the view's floor.
-
-Since every change rewrites the whole pool, a change kube-scheduler cannot act on yet may
-wait: given `needs` (offer mode: `migpart.offer_content.scheduler_needs`, which sees the
-devices claims hold), a pool that still holds what this publisher last wrote is left as it is
-when `needs` says so, for at most `steering_delay_s` from the first change held back; the
-first publish after that, or the first whose change is needed, writes everything. Whoever
-publishes gets `Published.deferred` and publishes again after the delay (the MigNode watch
-does; the periodic resync would too).
 """
 
 from __future__ import annotations
@@ -34,7 +26,6 @@ from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import MigNode
-from migpart.clock import Clock, RealClock
 from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION
 from migpart.errors import StaleSnapshot
 from migpart.kube.slice_watch import SliceState, SliceView
@@ -53,13 +44,6 @@ Fence = Callable[[], None] | None
 # What a node's pool must hold, from its MigNode, its withdrawn devices, whether it is
 # available, and a device cache (`slice_content.node_slices` has this signature).
 SlicesFn = Callable[[MigNode, frozenset[str], bool, DeviceCache], list[SliceContent]]
-# Whether kube-scheduler can act now on the change of node `name`'s pool from what it holds
-# (as last written) to what it must hold (`offer_content.scheduler_needs` in offer mode).
-NeedsFn = Callable[[str, list[SliceContent], list[SliceContent]], bool]
-
-# How long a change the scheduler cannot act on yet may wait (coalescing the allocations and
-# instance creations of a burst into one pool write): one PreBind poll of kube-scheduler.
-STEERING_DELAY_S = 5.0
 
 
 class _Changed(Exception):
@@ -94,8 +78,6 @@ class Published:
     written: bool
     devices: frozenset[str]
     resource_version: str | None
-    # a change was held back (`SlicePublisher.needs`): publish again after `steering_delay_s`
-    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,20 +123,11 @@ class SlicePublisher:
     _devices: DeviceCache = field(default_factory=DeviceCache)
     # GETs done because the view was stale or missing (a metric and a test hook)
     reads: int = 0
-    # what each node's pool holds (None: reactive mode's `node_slices`); offer mode passes a
-    # function over `migpart.offer_content.offer_slices`, and calls `invalidate` when an
-    # input of it that the publisher does not see (the offer, the allocations) changed
+    # what each node's pool holds (None: reactive mode's `node_slices`); offer mode passes
+    # `migpart.offer.nodes.OfferingNodes.slices`, and calls `invalidate` when an input of it
+    # that the publisher does not see (the node's policy, a device held outside its order)
+    # changed
     slices: SlicesFn | None = None
-    # whether a change must be written now (None: every change is); see the module docstring
-    needs: NeedsFn | None = None
-    steering_delay_s: float = STEERING_DELAY_S
-    clock: Clock = field(default_factory=RealClock)
-    # publishes that held a change back (a test hook)
-    held_back: int = 0
-    # node -> the slices this publisher last wrote, or found written (what `needs` compares)
-    _written: dict[str, list[SliceContent]] = field(default_factory=dict)
-    # node -> when (clock.monotonic) a change was first held back, since the last write
-    _waiting_since: dict[str, float] = field(default_factory=dict)
 
     def observe(self, node: MigNode) -> None:
         """Remember the newest MigNode body; `publish` reads it.
@@ -190,8 +163,6 @@ class SlicePublisher:
         self._nodes.pop(name, None)
         self._computed.pop(name, None)
         self._withdrawn.pop(name, None)
-        self._written.pop(name, None)
-        self._waiting_since.pop(name, None)
         self.view.forget(name)
 
     def withdrawing(self) -> list[str]:
@@ -268,21 +239,8 @@ class SlicePublisher:
             if not current and not first.create:
                 return Published(name, self.view.floor(name), False, frozenset(), None)
             if _holds(current, contents):  # the resync's usual case
-                self._wrote_pool(name, contents)
                 state = current[first.name]
                 return Published(name, state.generation, False, names, state.resource_version)
-            last = self._written.get(name)
-            if last is not None and self._may_wait(name, current, last, contents):
-                self.held_back += 1
-                state = current[last[0].name]
-                return Published(
-                    name,
-                    state.generation,
-                    False,
-                    frozenset().union(*(c.names for c in last)),
-                    state.resource_version,
-                    deferred=True,
-                )
             generation = self.view.generation(name) + 1
             try:
                 for content in contents:
@@ -298,34 +256,10 @@ class SlicePublisher:
                     await self._delete(name, extra)
             except _Changed:
                 continue
-            self._wrote_pool(name, contents)
             stored = self.view.get(name, first.name)
             version = stored.resource_version if stored is not None else None
             return Published(name, generation, True, names, version)
         raise StaleSnapshot(f"the ResourceSlices of node {name!r} kept changing underneath")
-
-    def _may_wait(
-        self,
-        name: str,
-        current: dict[str, SliceState],
-        last: list[SliceContent],
-        contents: list[SliceContent],
-    ) -> bool:
-        """Whether the change from `last` (what we last wrote, which the pool still holds) to
-        `contents` may wait: `needs` says the scheduler cannot act on it now, and no change
-        of the node has waited `steering_delay_s` yet."""
-        if self.needs is None or not _holds(current, last):
-            return False
-        now = self.clock.monotonic()
-        since = self._waiting_since.setdefault(name, now)
-        if now - since >= self.steering_delay_s:
-            return False
-        return not self.needs(name, last, contents)
-
-    def _wrote_pool(self, name: str, contents: list[SliceContent]) -> None:
-        """The pool holds `contents` now: nothing waits."""
-        self._written[name] = contents
-        self._waiting_since.pop(name, None)
 
     async def _put(
         self,

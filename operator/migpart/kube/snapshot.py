@@ -5,15 +5,14 @@ wrote a plan for it (`MigNodeSpec.desired`), so that instances still being creat
 there and are not planned twice; instances the status reports in use but the spec dropped are
 added (the agent never destroys them). `used` is true for instances that are Prepared or Busy
 on the node, or that any ResourceClaim's allocation names (the scheduler may allocate before
-the agent prepares). In offer mode an allocation may name a placement that no spec lists yet
-(the relay, `controller/relay.py`, is adding it): it counts as a used instance of its GPU as
-well, where it fits next to the others, so that no plan takes its memory slices meanwhile.
+the agent prepares). An allocation may name a placement that has no instance yet (made in
+offer mode, whose agent makes it at prepare, before the node was handed back to reactive
+mode): it counts as a used instance of its GPU as well, where it fits next to the others, so
+that no plan takes its memory slices meanwhile.
 A desired instance the agent reports it could not create (`status.failedInstances`: an NVML
 error, an overlap) counts as used too while the failure lasts: no plan hands the pending claim
 it was planned for to an instance that is not there, so the claim is planned elsewhere, and no
-plan takes its place while the agent retries it. On a node that offers, the relay drops it from
-the spec once no claim holds it (`controller/relay.py`), and the round passes it among the
-`allocated` devices for the relay's back-off, so that it is not planned there again at once.
+plan takes its place while the agent retries it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The order an offering node's pool lists its placements in: the order they are handed out.
 
 In offer mode a node publishes one stable pool: every placement (a profile at a start on a
-GPU) its policy allows, as partitionable devices with counters (`migpart.offer_content`).
+GPU) its policy allows, as partitionable devices with counters (`migpart.offer.pool`).
 kube-scheduler's structured allocator walks pools, slices and devices in listing order and
 takes the first device whose counters are free; it does not score devices. So the order is a
 placement policy, fixed by the GPU model and the policy, not by the moment: the pool is not

@@ -24,7 +24,7 @@ from migpart.api.models import (
     MigNodeStatus,
     ProfileInfo,
 )
-from migpart.dra import DEVICE_CLASS, DRIVER, placement_device_fields
+from migpart.dra import DEVICE_CLASS, DRIVER
 from migpart.mig import builtin_table
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -168,16 +168,9 @@ class ClaimBuilder(_Meta):
         device: str,
         request: str = "gpu",
         driver: str = DRIVER,
-        *,
-        offered: bool = False,
     ) -> Self:
-        """status.allocation gets this result (pool = node name for our driver); `offered`:
-        a placement not created yet, whose binding conditions the scheduler copied."""
+        """status.allocation gets this result (pool = node name for our driver)."""
         result = {"request": request, "driver": driver, "pool": pool, "device": device}
-        if offered:
-            fields = placement_device_fields()
-            result["bindingConditions"] = fields["bindingConditions"]
-            result["bindingFailureConditions"] = fields["bindingFailureConditions"]
         self._results.append(result)
         return self
 

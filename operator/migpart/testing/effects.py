@@ -14,7 +14,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import Condition, GpuPartitionPolicyStatus, MigNodeSpec
 from migpart.controller.effects import FencedPort, stamped
-from migpart.kube.claims import body_key
 from migpart.kube.election import Leadership, Term, Unelected
 from migpart.kube.slice_publisher import Published
 from migpart.types import Body
@@ -61,8 +60,6 @@ class InMemoryEffects(FencedPort):
     published: list[str] = field(default_factory=list)
     # (node, resourceVersion, conditions) of each condition write
     conditions: list[tuple[str, str, list[Condition]]] = field(default_factory=list)
-    # (claim key, status.devices) of each claim status write
-    claim_devices: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     leadership: Leadership = field(default_factory=Unelected)
     term: Term | None = None
     refused: list[Refused] = field(default_factory=list)
@@ -137,7 +134,3 @@ class InMemoryEffects(FencedPort):
         name = str((body.get("metadata") or {}).get("name", ""))
         self._fence("event", name)
         self.events.append(PostedEvent(name, type, reason, message))
-
-    async def write_claim_devices(self, claim: Body, devices: list[dict[str, Any]]) -> None:
-        self._fence("claim status", body_key(claim))
-        self.claim_devices.append((body_key(claim), devices))

@@ -128,7 +128,3 @@ def _status(status: dict[str, Any]) -> dict[str, Any]:
         by_alias=True, exclude_none=True, mode="json"
     )
 
-
-def offered(name: str, device: str, revision: int = 2) -> dict[str, Any]:
-    body = ClaimBuilder(name, "ns").uid(f"uid-{name}").revision(revision)
-    return body.request(profile_is("3g.40gb")).allocated("a", device, offered=True).obj()

@@ -7,7 +7,6 @@ import asyncio
 from typing import Any, cast
 
 from migpart.api.models import MigNode
-from migpart.clock import ManualClock
 from migpart.controller.mignodes import MigNodeWatch
 from migpart.kube.slice_publisher import Published
 from tests.unit.controller.factories import mignode, offline_state
@@ -21,8 +20,6 @@ class Publisher:
         self.forgotten: list[str] = []
         self.gate = asyncio.Event()
         self.gate.set()
-        # how many publishes to come hold a change back (`Published.deferred`)
-        self.holding_back = 0
 
     def observe(self, node: MigNode) -> None:
         pass
@@ -30,15 +27,12 @@ class Publisher:
     async def publish(self, name: str) -> Published:
         await self.gate.wait()
         self.published.append(name)
-        deferred = self.holding_back > 0
-        self.holding_back -= deferred
-        return Published(name, len(self.published), not deferred, frozenset(), None, deferred)
+        return Published(name, len(self.published), True, frozenset(), None)
 
     def forget(self, name: str) -> None:
         self.forgotten.append(name)
 
     term = None  # as the effects port: no election
-    steering_delay_s = 5.0  # as the publisher: how long a held-back change may wait
 
     def leading(self) -> bool:  # as the effects port: this operator leads
         return True
@@ -170,17 +164,3 @@ async def test_a_slice_deleted_while_the_watch_was_down_is_written_again_at_the_
     assert "b" not in real.view._slices
     assert real.view._floors == {"a": 3, "b": 3}  # a new slice continues the generations
 
-
-async def test_a_change_held_back_is_published_again_once_it_may_wait_no_longer() -> None:
-    """The publisher held back a change the scheduler cannot act on yet: the node is
-    published once more after the publisher's steering delay, with no other event, and then
-    no more."""
-    w, publisher, listed = watch()
-    listed.set()
-    publisher.holding_back = 1
-    w.changed("ADDED", mignode("a", 1, gpus=[]))
-    await settle()
-    clock = w.state.clock
-    assert isinstance(clock, ManualClock)
-    assert publisher.published == ["a", "a"]
-    assert clock.slept_s == publisher.steering_delay_s

@@ -44,19 +44,6 @@ def test_offer_publishing_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatc
     assert parse_args([]).offer_publishing is False
 
 
-def test_offer_depth_defaults_to_two_placements_per_profile() -> None:
-    assert parse_args([]).offer_depth == 2
-    assert parse_args(["--offer-depth", "8"]).offer_depth == 8
-
-
-@pytest.mark.parametrize("value", ["0", "-1", "2.5", "many"])
-def test_offer_depth_must_be_a_whole_number(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        parse_args(["--offer-depth", value])
-    assert exit_.value.code == 2
-    assert "--offer-depth" in capsys.readouterr().err
-
-
 def test_the_operator_manages_the_opted_in_nodes_unless_told_otherwise() -> None:
     default = parse_args([]).node_selector
     assert default.matches({"migpart.io/managed": "true"})

@@ -39,8 +39,7 @@ def test_the_probes_use_the_fields_offer_mode_needs_in_two_slices_of_one_pool() 
     [device] = devices["spec"]["devices"]
     [consumed] = device["consumesCounters"]
     assert consumed["counterSet"] == counters["spec"]["sharedCounters"][0]["name"]
-    assert device["bindingConditions"]
-    assert device["bindingFailureConditions"]
+    assert device["taints"][0]["effect"] == "NoExecute"
     for probe in (counters, devices):
         assert probe["spec"]["driver"] == DRIVER
         assert probe["spec"]["pool"]["resourceSliceCount"] == 2
@@ -49,7 +48,7 @@ def test_the_probes_use_the_fields_offer_mode_needs_in_two_slices_of_one_pool() 
 def test_every_field_kept_means_offer_is_served() -> None:
     features = features_of(counters_probe(), devices_probe())
     assert features.offer_served
-    assert features.detail == "served: partitionable devices, binding conditions"
+    assert features.detail == "served: partitionable devices, device taints"
 
 
 def test_dropped_counters_mean_no_partitionable_devices() -> None:
@@ -57,17 +56,17 @@ def test_dropped_counters_mean_no_partitionable_devices() -> None:
         answered(counters_probe(), "sharedCounters"), answered(devices_probe(), "consumesCounters")
     )
     assert not features.partitionable_devices
-    assert features.binding_conditions
+    assert features.device_taints
     assert not features.offer_served
     assert "not served: partitionable devices" in features.detail
 
 
-def test_dropped_binding_conditions_mean_no_binding_conditions() -> None:
-    devices = answered(devices_probe(), "bindingConditions", "bindingFailureConditions")
-    features = features_of(counters_probe(), devices)
+def test_dropped_taints_mean_no_device_taints_and_offer_still_served() -> None:
+    features = features_of(counters_probe(), answered(devices_probe(), "taints"))
     assert features.partitionable_devices
-    assert not features.binding_conditions
-    assert features.detail.endswith("not served: binding conditions")
+    assert not features.device_taints
+    assert features.offer_served  # an unusable placement then cannot evict its pod
+    assert features.detail.endswith("not served: device taints")
 
 
 def test_an_answer_without_devices_serves_nothing() -> None:

@@ -1,6 +1,6 @@
 """The slice writer: what it writes and when it writes nothing (no API call: the publisher has
 no client in these tests), the MigNode bodies it keeps, its view of a slice after a write
-raced a deletion, and how long a change it may hold back (offer mode) waits."""
+raced a deletion, and offer mode's pools of several slices."""
 
 from __future__ import annotations
 
@@ -8,16 +8,14 @@ from typing import Any, cast
 
 import pytest
 
-from migpart.api.models import (
-    MigNode,
-)
-from migpart.clock import ManualClock
+from migpart.api.models import FailedInstance, MigNode
 from migpart.dra import DRIVER
 from migpart.kube import slice_publisher
-from migpart.kube.slice_publisher import STEERING_DELAY_S, SlicePublisher, SlicesFn
+from migpart.kube.slice_publisher import SlicePublisher, SlicesFn
 from migpart.kube.slice_watch import SliceState
-from migpart.mig import Instance, builtin_table
-from migpart.offer_content import offer_slices
+from migpart.mig import builtin_table
+from migpart.offer.pool import stable_pool
+from migpart.planning.model import DeviceRef
 from migpart.slice_content import DeviceCache, SliceContent, node_slices, slice_name
 from migpart.testing.builders import H100
 from tests.unit.kube.factories import gpu
@@ -189,27 +187,30 @@ async def test_a_fenced_publish_sends_nothing() -> None:
 # ------------------------------------------------------------ pools of several slices (offer)
 
 
-def offer_node(*instances: tuple[str, int, str], gpus: int = 4) -> MigNode:
-    """MigNode n1 with `gpus` H100s, `instances` on GPU 0."""
-    return node([gpu(0, *instances), *(gpu(i) for i in range(1, gpus))]).model_copy(
-        update={"metadata": {"name": "n1"}}
-    )
+def offer_node(*instances: tuple[str, int, str], gpus: int = 4, unusable: bool = False) -> MigNode:
+    """MigNode n1 with `gpus` H100s, `instances` on GPU 0; `unusable`: the agent reports it
+    cannot make GPU 0's 7g.80gb (its device is tainted)."""
+    n = node([gpu(0, *instances), *(gpu(i) for i in range(1, gpus))])
+    assert n.status is not None
+    failed = [FailedInstance(gpu=0, profile="7g.80gb", start=0, reason="NvmlError")]
+    status = n.status.model_copy(update={"failed_instances": failed if unusable else []})
+    return n.model_copy(update={"metadata": {"name": "n1"}, "status": status})
 
 
-def offering(offer: list[tuple[int, Instance]]) -> SlicesFn:
+def offering(order: list[DeviceRef]) -> SlicesFn:
     def slices(
         n: MigNode, withdrawn: frozenset[str], available: bool, cache: DeviceCache
     ) -> list[SliceContent]:
-        return offer_slices(n, offer, withdrawn, available, cache=cache)
+        return stable_pool(n, order, available=available, cache=cache)
 
     return slices
 
 
-def every_placement(gpus: int) -> list[tuple[int, Instance]]:
+def every_placement(gpus: int) -> list[DeviceRef]:
     table = builtin_table(H100)
     assert table is not None
     return [
-        (i, Instance(p.name, s)) for i in range(gpus) for p in table.profiles for s in p.placements
+        DeviceRef(i, p.name, s) for i in range(gpus) for p in table.profiles for s in p.placements
     ]
 
 
@@ -231,8 +232,12 @@ async def test_a_pool_of_several_slices_is_written_at_one_generation() -> None:
     taken = len(store.requests)
     assert not (await publisher.publish("n1")).written
     assert len(store.requests) == taken
-    # an instance is created: every slice is written again, at the next generation
+    # an instance is made: the pool is stable, nothing is written
     publisher.observe(offer_node(("7g.80gb", 0, "Free")))
+    assert not (await publisher.publish("n1")).written
+    assert len(store.requests) == taken
+    # a placement becomes unusable: every slice is written again, at the next generation
+    publisher.observe(offer_node(("7g.80gb", 0, "Free"), unusable=True))
     second = await publisher.publish("n1")
     assert second.written
     assert set(store.pool("n1").values()) == {(2, 3)}
@@ -305,7 +310,7 @@ async def test_a_conflict_in_the_middle_of_a_pool_write_starts_it_over_at_a_new_
     publisher.observe(offer_node())
     await publisher.publish("n1")
     store.touch(slice_name("n1", 1))  # written by someone else since
-    publisher.observe(offer_node(("7g.80gb", 0, "Free")))
+    publisher.observe(offer_node(unusable=True))
     result = await publisher.publish("n1")
     assert result.written
     assert publisher.reads == 1
@@ -324,42 +329,3 @@ async def test_a_slice_deleted_underneath_is_created_again_in_the_pools_next_gen
     result = await publisher.publish("n1")
     assert result.written
     assert set(store.pool("n1").values()) == {(2, 3)}
-
-
-async def test_a_change_waits_only_over_the_pool_last_written_and_only_so_long() -> None:
-    """With `needs` saying no change is needed now: a change waits while the pool holds what
-    the publisher last wrote, up to `steering_delay_s` from the first change held back; a
-    slice deleted underneath is written again at once, with whatever waited."""
-    store = SliceStore()
-    clock = ManualClock()
-    asked: list[tuple[int, int]] = []
-
-    def needs(node: str, published: list[SliceContent], wanted: list[SliceContent]) -> bool:
-        asked.append((len(published), len(wanted)))
-        return False
-
-    publisher = SlicePublisher(
-        cast(Any, store), slices=offering(every_placement(4)), needs=needs, clock=clock
-    )
-    publisher.observe(offer_node())
-    assert (await publisher.publish("n1")).written  # nothing written before: not asked
-    assert asked == []
-    publisher.observe(offer_node(("7g.80gb", 0, "Free")))
-    held = await publisher.publish("n1")
-    assert (held.written, held.deferred, held.generation) == (False, True, 1)
-    assert asked == [(3, 3)]
-    clock.advance(STEERING_DELAY_S - 1)
-    publisher.observe(offer_node(("3g.40gb", 0, "Free")))  # another change
-    assert (await publisher.publish("n1")).deferred  # still within the delay of the first
-    clock.advance(1)
-    late = await publisher.publish("n1")
-    assert (late.written, late.deferred, late.generation) == (True, False, 2)
-    assert publisher.held_back == 2
-    # held back again, then a slice is deleted underneath: written at once
-    publisher.observe(offer_node())
-    assert (await publisher.publish("n1")).deferred
-    body = store.slices.pop(slice_name("n1", 2))
-    assert publisher.view.deleted(body) == "n1"
-    again = await publisher.publish("n1")
-    assert (again.written, again.generation) == (True, 3)
-    assert set(store.pool("n1").values()) == {(3, 3)}

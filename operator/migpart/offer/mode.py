@@ -1,7 +1,7 @@
 """The allocation mode in effect for a policy: its `spec.allocation` against what the API server
 serves (`migpart.kube.features`), decided by one pure function.
 
-Auto is Offer where the server serves partitionable devices and binding conditions, else
+Auto is Offer where the server serves partitionable devices (Kubernetes 1.36+), else
 Reactive. Offer asked of a server that does not serve them falls back to Reactive, says why in
 the status, and is told once per policy generation as a Warning Event (`fell_back`).
 Reactive is Reactive everywhere.

@@ -8,21 +8,19 @@ from typing import Any
 import pytest
 
 from migpart.api.models import AllocationMode
-from migpart.controller.allocation import DRY_RUN, NOT_PUBLISHING, fell_back, resolve_allocation
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
 from migpart.dra import DRIVER
 from migpart.kube.features import DraFeatures
 from migpart.kube.placement import NodeFacts
+from migpart.offer.mode import DRY_RUN, NOT_PUBLISHING, fell_back, resolve_allocation
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import DEVICE_CLASS, mignode, offline_state, policy
 from tests.unit.kube.factories import gpu
 
-SERVED = DraFeatures(True, True, "served: partitionable devices, binding conditions")
-PARTITIONABLE_ONLY = DraFeatures(
-    True, False, "served: partitionable devices; not served: binding conditions"
-)
-NONE = DraFeatures(False, False, "not served: partitionable devices, binding conditions")
+SERVED = DraFeatures(True, True, "served: partitionable devices, device taints")
+NO_TAINTS = DraFeatures(True, False, "served: partitionable devices; not served: device taints")
+NONE = DraFeatures(False, False, "not served: partitionable devices, device taints")
 UNKNOWN = DraFeatures.unknown("could not ask the API server: HTTP 503 Service Unavailable")
 # the mode a served Offer or Auto gets by default: Reactive unless the operator publishes
 # offers (`--offer-publishing`, off by default)
@@ -35,11 +33,11 @@ OFFERED = "Reactive"
         ("Reactive", SERVED, "Reactive"),
         ("Reactive", NONE, "Reactive"),
         ("Auto", SERVED, OFFERED),
-        ("Auto", PARTITIONABLE_ONLY, "Reactive"),
+        ("Auto", NO_TAINTS, OFFERED),
         ("Auto", NONE, "Reactive"),
         ("Auto", UNKNOWN, "Reactive"),
         ("Offer", SERVED, OFFERED),
-        ("Offer", PARTITIONABLE_ONLY, "Reactive"),
+        ("Offer", NO_TAINTS, OFFERED),
         ("Offer", NONE, "Reactive"),
         ("Offer", UNKNOWN, "Reactive"),
     ],
@@ -51,9 +49,9 @@ def test_the_mode_in_effect(requested: AllocationMode, features: DraFeatures, mo
 
 
 def test_a_fallback_says_what_the_server_does_not_serve() -> None:
-    resolved = resolve_allocation("Offer", PARTITIONABLE_ONLY, publishing=True)
+    resolved = resolve_allocation("Offer", NONE, publishing=True)
     assert resolved.reason.startswith("Offer requested but not served")
-    assert "not served: binding conditions" in resolved.reason
+    assert "not served: partitionable devices" in resolved.reason
     assert resolved.reason.endswith("falling back to Reactive")
     assert "HTTP 503" in resolve_allocation("Auto", UNKNOWN, publishing=True).reason
 

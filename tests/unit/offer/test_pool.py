@@ -1,7 +1,7 @@
-"""What a node's pool lists in offer mode (`offer_slices`, pure): each GPU's counters for every
-catalog model, two placements share a counter exactly when NVML cannot hold both, the offer's
-order, every existing or allocated device always listed, leaving instances tainted, and the
-pool split within the API server's limits."""
+"""What an offering node's stable pool lists (`stable_pool`, pure): each GPU's counters for every
+catalog model, two placements share a counter exactly when NVML cannot hold both, the order
+given, devices that do not change with allocations or instances, held devices always listed,
+unusable placements tainted NoExecute, and the pool split within the API server's limits."""
 
 from __future__ import annotations
 
@@ -10,23 +10,25 @@ from typing import Any
 
 import pytest
 
-from migpart.api.models import MigNode, MigNodeStatus
+from migpart.api.models import FailedInstance, MigNode, MigNodeStatus
 from migpart.mig import Instance
 from migpart.mig.catalog import CATALOG
 from migpart.mig.layout import enumerate_layouts, layout_problems
 from migpart.mig.profiles import ModelTable, device_name
-from migpart.offer_content import (
-    CREATED_ATTRIBUTE,
+from migpart.offer.pool import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_COUNTERS_PER_CONSUMPTION,
     MAX_COUNTERS_PER_SET,
     MAX_DEVICES_PER_SLICE,
-    WITHDRAWN_TAINT,
+    UNUSABLE_TAINT,
     consumed_counters,
     counter_set_name,
     gpu_counters,
-    offer_slices,
+    node_gpus,
+    stable_pool,
 )
+from migpart.planning.listing import planner_order
+from migpart.planning.model import DeviceRef, PolicyView
 from migpart.slice_content import DeviceCache, SliceContent, instance_device, slice_name
 from migpart.testing.builders import H100, gpu_status
 from tests.unit.kube.factories import gpu
@@ -35,9 +37,9 @@ from tests.unit.kube.factories import spec_node as node
 MODELS = sorted(CATALOG)
 
 
-def every_placement(table: ModelTable, gpus: int) -> list[tuple[int, Instance]]:
+def every_placement(table: ModelTable, gpus: int) -> list[DeviceRef]:
     return [
-        (i, Instance(p.name, s)) for i in range(gpus) for p in table.profiles for s in p.placements
+        DeviceRef(i, p.name, s) for i in range(gpus) for p in table.profiles for s in p.placements
     ]
 
 
@@ -96,66 +98,83 @@ def test_a_gpus_counters_are_its_memory_slices_compute_and_limited_profiles() ->
     }
 
 
-def test_the_offer_comes_first_in_its_order_then_every_existing_instance() -> None:
+def test_the_pool_lists_the_order_given_and_nothing_else() -> None:
     n = node([gpu(0, ("3g.40gb", 4, "Prepared")), gpu(1, ("1g.10gb", 0, "Free"))])
-    offer = [(1, Instance("1g.10gb", 1)), (0, Instance("3g.40gb", 0)), (1, Instance("1g.10gb", 0))]
-    pool = offer_slices(n, offer)
-    assert names(pool) == [
-        "gpu-1-1g10gb-1",
-        "gpu-0-3g40gb-0",
-        "gpu-1-1g10gb-0",  # offered, and existing: created, with its uuid
-        "gpu-0-3g40gb-4",  # used: not offered, still listed (its counters count)
-    ]
-    listed = by_name(pool)
-    assert listed["gpu-1-1g10gb-0"]["attributes"][CREATED_ATTRIBUTE] == {"bool": True}
-    assert listed["gpu-1-1g10gb-0"]["attributes"]["uuid"] == {"string": "MIG-1-1g.10gb-0"}
-    assert listed["gpu-1-1g10gb-1"]["attributes"][CREATED_ATTRIBUTE] == {"bool": False}
-    assert listed["gpu-1-1g10gb-1"]["attributes"]["uuid"] == {"string": ""}
-    assert listed["gpu-0-3g40gb-4"]["consumesCounters"][0]["counterSet"] == counter_set_name(0)
+    order = [DeviceRef(1, "1g.10gb", 1), DeviceRef(0, "3g.40gb", 0), DeviceRef(1, "1g.10gb", 0)]
+    pool = stable_pool(n, order)
+    # an instance the order lacks is not listed: no claim holds it (else `held` names it)
+    assert names(pool) == ["gpu-1-1g10gb-1", "gpu-0-3g40gb-0", "gpu-1-1g10gb-0"]
+    assert by_name(pool)["gpu-0-3g40gb-0"]["consumesCounters"][0]["counterSet"] == (
+        counter_set_name(0)
+    )
 
 
-def test_a_placement_is_the_reactive_device_plus_its_counters() -> None:
-    """Same name and attributes as the instance it becomes: selectors work alike."""
+def test_a_placement_is_the_reactive_device_without_instance_attributes_plus_counters() -> None:
+    """Same name, attributes and capacity as the instance it becomes, less what only an
+    instance has (its UUID, `created`): selectors on the profile work alike, and making or
+    destroying the instance changes nothing in the pool."""
     g = gpu(0, ("3g.40gb", 4, "Free"))
-    [device] = devices(offer_slices(node([g]), [(0, Instance("3g.40gb", 4))]))
+    [device] = devices(stable_pool(node([g]), [DeviceRef(0, "3g.40gb", 4)]))
     reactive = instance_device(g, g.instances[0])
-    assert {k: v for k, v in device.items() if k != "consumesCounters"} == reactive
+    attributes = {k: v for k, v in reactive["attributes"].items() if k not in ("uuid", "created")}
+    assert device["attributes"] == attributes
+    assert device["capacity"] == reactive["capacity"]
+    assert set(device) == {"name", "attributes", "capacity", "consumesCounters"}
 
 
-def test_devices_allocated_claims_hold_are_listed_offered_or_not() -> None:
+def test_instances_made_destroyed_or_used_leave_the_pool_as_it_was() -> None:
+    """The design's point: what the agent does at prepare and what claims hold rewrites
+    nothing (same digests, so the publisher writes no new generation)."""
+    order = every_placement(CATALOG[H100], 2)
+    empty = stable_pool(node([gpu(0), gpu(1)]), order)
+    busy = node([gpu(0, ("3g.40gb", 4, "Prepared"), ("1g.10gb", 0, "Busy")), gpu(1)])
+    used = stable_pool(busy, order, held={"gpu-0-3g40gb-4", "gpu-0-1g10gb-0"})
+    assert [s.digest for s in used] == [s.digest for s in empty]
+
+
+def test_devices_claims_hold_are_listed_after_the_order_where_it_lacks_them() -> None:
     n = node([gpu(0)])
-    pool = offer_slices(
-        n, [(0, Instance("1g.10gb", 0))], allocated={"gpu-0-3g40gb-4", "gpu-9-1g10gb-0", "x"}
+    pool = stable_pool(
+        n, [DeviceRef(0, "1g.10gb", 0)], held={"gpu-0-3g40gb-4", "gpu-9-1g10gb-0", "x"}
     )
     # a name of no placement of the node's GPUs is not its device: left out
     assert names(pool) == ["gpu-0-1g10gb-0", "gpu-0-3g40gb-4"]
-    assert by_name(pool)["gpu-0-3g40gb-4"]["attributes"][CREATED_ATTRIBUTE] == {"bool": False}
 
 
-def test_leaving_free_instances_stay_listed_with_the_withdrawn_taint() -> None:
-    gpus = [
-        gpu(0, ("3g.40gb", 0, "Free"), ("3g.40gb", 4, "Prepared")),
-        gpu(1, ("7g.80gb", 0, "Free")),
-    ]
-    # the spec keeps nothing on GPU 0 and GPU 1's 7g is withdrawn by the destroy protocol
-    n = node(gpus, {0: [], 1: [("7g.80gb", 0)]})
-    listed = by_name(offer_slices(n, [], withdrawn={"gpu-1-7g80gb-0"}))
-    assert listed["gpu-0-3g40gb-0"]["taints"] == [WITHDRAWN_TAINT]
-    assert listed["gpu-1-7g80gb-0"]["taints"] == [WITHDRAWN_TAINT]
-    assert "taints" not in listed["gpu-0-3g40gb-4"]  # in use: the agent keeps it
-
-
-def test_gpus_without_mig_and_unknown_offers_are_left_out() -> None:
-    n = node([gpu(0, mig=False), gpu(1)])
-    pool = offer_slices(
-        n, [(0, Instance("7g.80gb", 0)), (2, Instance("7g.80gb", 0)), (1, Instance("9g.1gb", 0))]
+def unusable_node() -> MigNode:
+    failed = FailedInstance(gpu=0, profile="3g.40gb", start=4, reason="NvmlError", message="x")
+    return MigNode(
+        metadata={"name": "n"},
+        status=MigNodeStatus(gpus=[gpu(0)], failed_instances=[failed]),
     )
+
+
+def test_a_placement_the_agent_cannot_make_is_tainted_no_execute() -> None:
+    order = [DeviceRef(0, "3g.40gb", 0), DeviceRef(0, "3g.40gb", 4)]
+    listed = by_name(stable_pool(unusable_node(), order))
+    assert listed["gpu-0-3g40gb-4"]["taints"] == [UNUSABLE_TAINT]
+    assert UNUSABLE_TAINT["effect"] == "NoExecute"
+    assert "taints" not in listed["gpu-0-3g40gb-0"]
+
+
+def test_without_device_taints_an_unusable_placement_is_left_out_unless_held() -> None:
+    order = [DeviceRef(0, "3g.40gb", 0), DeviceRef(0, "3g.40gb", 4)]
+    assert names(stable_pool(unusable_node(), order, taints=False)) == ["gpu-0-3g40gb-0"]
+    held = stable_pool(unusable_node(), order, held={"gpu-0-3g40gb-4"}, taints=False)
+    assert names(held) == ["gpu-0-3g40gb-0", "gpu-0-3g40gb-4"]  # its counters must count
+
+
+def test_gpus_without_mig_and_unknown_placements_are_left_out() -> None:
+    n = node([gpu(0, mig=False), gpu(1)])
+    order = [DeviceRef(0, "7g.80gb", 0), DeviceRef(2, "7g.80gb", 0), DeviceRef(1, "9g.1gb", 0)]
+    pool = stable_pool(n, order)
     assert names(pool) == []
     assert [cs["name"] for s in pool for cs in s.counter_sets or []] == [counter_set_name(1)]
+    assert set(node_gpus(n)) == {1}
 
 
 def test_an_unavailable_node_gets_one_empty_slice_that_is_not_created() -> None:
-    pool = offer_slices(node([gpu(0, ("1g.10gb", 0, "Free"))]), [], available=False)
+    pool = stable_pool(node([gpu(0, ("1g.10gb", 0, "Free"))]), [], available=False)
     assert len(pool) == 1
     assert pool[0].devices == []
     assert not pool[0].create
@@ -164,13 +183,12 @@ def test_an_unavailable_node_gets_one_empty_slice_that_is_not_created() -> None:
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("gpus", [8, 16])
 def test_every_placement_of_a_full_node_fits_the_api_servers_limits(model: str, gpus: int) -> None:
-    table = CATALOG[model]
     n = MigNode(
         metadata={"name": "n1", "uid": "u"},
         status=MigNodeStatus(gpus=[gpu_status(i, model=model) for i in range(gpus)]),
     )
-    offer = every_placement(table, gpus)
-    pool = offer_slices(n, offer)
+    order = planner_order(node_gpus(n), PolicyView())
+    pool = stable_pool(n, order)
     assert [s.name for s in pool] == [slice_name("n1", i) for i in range(len(pool))]
     assert sorted(s.name for s in pool) == [s.name for s in pool]  # the scheduler's order
     assert {s.pool_slices for s in pool} == {len(pool)}
@@ -189,16 +207,14 @@ def test_every_placement_of_a_full_node_fits_the_api_servers_limits(model: str, 
         [consumption] = device["consumesCounters"]
         assert len(consumption["counters"]) <= MAX_COUNTERS_PER_CONSUMPTION
         assert set(consumption["counters"]) <= set(counters[consumption["counterSet"]])
-    assert names(pool) == [device_name(g, x.profile, x.start) for g, x in offer]
+    assert names(pool) == [device_name(r.gpu, r.profile, r.start) for r in order]
 
 
 def test_the_cache_changes_nothing_but_the_work() -> None:
-    n = node([gpu(0, ("3g.40gb", 4, "Free")), gpu(1)], {0: [("3g.40gb", 4)]})
-    offer = every_placement(CATALOG[H100], 2)
+    n = node([gpu(0, ("3g.40gb", 4, "Free")), gpu(1)])
+    order = every_placement(CATALOG[H100], 2)
     cache = DeviceCache()
-    first = offer_slices(n, offer, cache=cache)
-    again = offer_slices(n, offer, cache=cache)
+    first = stable_pool(n, order, cache=cache)
+    again = stable_pool(n, order, cache=cache)
     assert [(s.digest, s.devices) for s in again] == [(s.digest, s.devices) for s in first]
-    assert [s.digest for s in offer_slices(n, offer)] == [s.digest for s in first]
-    tainted = offer_slices(n, offer, withdrawn={"gpu-0-3g40gb-4"}, cache=cache)
-    assert [s.digest for s in tainted] != [s.digest for s in first]
+    assert [s.digest for s in stable_pool(n, order)] == [s.digest for s in first]
