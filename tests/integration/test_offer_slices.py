@@ -1,6 +1,6 @@
-"""Offer mode's pools on the real API server: the worst case of every catalog model (8 GPUs,
-every placement offered, a withdrawn instance tainted) written by the slice publisher, read
-back as one pool at one generation, then changed and shrunk.
+"""Offer mode's stable pools on the real API server: the worst case of every catalog model (8
+GPUs, every placement listed, an unusable one tainted NoExecute) written by the slice
+publisher, read back as one pool at one generation, then changed and shrunk.
 
 On Kubernetes 1.36+ the server keeps the partitionable-device fields (counter sets, consumed
 counters, taints). On 1.34 their feature gates are off (alpha) and the server accepts the
@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 
-from migpart.api.models import MigNode, MigNodeStatus
+from migpart.api.models import FailedInstance, MigNode, MigNodeStatus
 from migpart.dra import DRIVER
 from migpart.kube.slice_publisher import SlicePublisher, SlicesFn
-from migpart.mig import Instance
 from migpart.mig.catalog import CATALOG
 from migpart.mig.profiles import device_name
-from migpart.offer_content import WITHDRAWN_TAINT, offer_slices
+from migpart.offer.pool import UNUSABLE_TAINT, stable_pool
+from migpart.planning.model import DeviceRef
 from migpart.slice_content import DeviceCache, SliceContent, slice_name
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
@@ -47,26 +47,29 @@ def whole(model: str) -> str:
     return max(CATALOG[model].profiles, key=lambda p: p.memory_slices).name
 
 
-def full_node(name: str, model: str) -> MigNode:
-    """`GPUS` GPUs of `model`; GPU 0 has one free instance of the whole GPU."""
+def full_node(name: str, model: str, unusable: bool = False) -> MigNode:
+    """`GPUS` GPUs of `model`; GPU 0 has one free instance of the whole GPU; `unusable`: the
+    agent reports it cannot make GPU 1's whole-GPU placement."""
     gpus = [gpu_status(0, (whole(model), 0, "Free"), model=model)]
     gpus += [gpu_status(i, model=model) for i in range(1, GPUS)]
-    return MigNode(metadata={"name": name}, status=MigNodeStatus(gpus=gpus))
+    failed = [FailedInstance(gpu=1, profile=whole(model), start=0, reason="NvmlError")]
+    status = MigNodeStatus(gpus=gpus, failed_instances=failed if unusable else [])
+    return MigNode(metadata={"name": name}, status=status)
 
 
-def offering(offer: list[tuple[int, Instance]]) -> SlicesFn:
+def offering(order: list[DeviceRef]) -> SlicesFn:
     def slices(
         node: MigNode, withdrawn: frozenset[str], available: bool, cache: DeviceCache
     ) -> list[SliceContent]:
-        return offer_slices(node, offer, withdrawn, available, cache=cache)
+        return stable_pool(node, order, available=available, cache=cache)
 
     return slices
 
 
-def every_placement(model: str) -> list[tuple[int, Instance]]:
+def every_placement(model: str, gpus: int = GPUS) -> list[DeviceRef]:
     table = CATALOG[model]
     return [
-        (i, Instance(p.name, s)) for i in range(GPUS) for p in table.profiles for s in p.placements
+        DeviceRef(i, p.name, s) for i in range(gpus) for p in table.profiles for s in p.placements
     ]
 
 
@@ -86,12 +89,12 @@ async def test_the_worst_case_pool_of_every_model_is_accepted(
     node = "offer-" + "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")
     offer = every_placement(model)
     publisher = SlicePublisher(api, slices=offering(offer))
-    mig = full_node(node, model)
+    mig = full_node(node, model, unusable=True)
     publisher.observe(mig)
-    withdrawn = device_name(0, whole(model), 0)
-    result = await publisher.withdraw(node, [withdrawn])
+    unusable = device_name(1, whole(model), 0)
+    result = await publisher.publish(node)
     assert result.written
-    expected = offer_slices(mig, offer, {withdrawn})
+    expected = stable_pool(mig, offer)
     stored = await stored_pool(api, node)
     assert [s["metadata"]["name"] for s in stored] == [
         slice_name(node, i) for i in range(len(expected))
@@ -100,15 +103,26 @@ async def test_the_worst_case_pool_of_every_model_is_accepted(
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in stored} == {len(expected)}
     devices = [d for s in stored for d in s["spec"].get("devices") or []]
     assert len(devices) == len(offer)
-    [tainted] = [d for d in devices if d["name"] == withdrawn]
+    [tainted] = [d for d in devices if d["name"] == unusable]
     if partitionable():
         assert [s["spec"].get("sharedCounters") is not None for s in stored] == [
             c.counter_sets is not None for c in expected
         ]
         assert all(d["consumesCounters"] for d in devices)
         assert [(t["key"], t["effect"]) for t in tainted["taints"]] == [
-            (WITHDRAWN_TAINT["key"], WITHDRAWN_TAINT["effect"])
+            (UNUSABLE_TAINT["key"], UNUSABLE_TAINT["effect"])
         ]
+        # the pool is stable: an instance made and then allocated changes nothing
+        made = MigNode(
+            metadata={"name": node},
+            status=MigNodeStatus(
+                gpus=[gpu_status(0, (whole(model), 0, "Prepared"), model=model)]
+                + [gpu_status(i, model=model) for i in range(1, GPUS)],
+                failed_instances=mig.status.failed_instances if mig.status else [],
+            ),
+        )
+        publisher.observe(made)
+        assert not (await publisher.publish(node)).written
     else:
         # 1.34: accepted, but the gated fields are gone
         assert not any(s["spec"].get("sharedCounters") for s in stored)
@@ -125,7 +139,7 @@ async def test_a_changed_pool_is_rewritten_at_one_generation_and_a_smaller_one_s
     publisher = SlicePublisher(api, slices=offering(offer))
     publisher.observe(full_node(node, model))
     first = await publisher.publish(node)
-    # the planner now offers a quarter of it: fewer slices
+    # the policy now allows a quarter of it: fewer slices
     offer[:] = offer[: len(offer) // 4]
     publisher.invalidate(node)
     second = await publisher.publish(node)
@@ -133,7 +147,7 @@ async def test_a_changed_pool_is_rewritten_at_one_generation_and_a_smaller_one_s
     stored = await stored_pool(api, node)
     assert {s["spec"]["pool"]["generation"] for s in stored} == {second.generation}
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in stored} == {len(stored)}
-    assert len(stored) < len(offer_slices(full_node(node, model), every_placement(model)))
+    assert len(stored) < len(stable_pool(full_node(node, model), every_placement(model)))
     assert second.devices == {d["name"] for s in stored for d in s["spec"].get("devices") or []}
     # nothing changed: nothing written
     assert not (await publisher.publish(node)).written
@@ -176,9 +190,9 @@ def unschedulable(bed: Testbed, pod: str, namespace: str) -> bool:
 async def test_the_scheduler_allocates_in_offer_order_and_never_two_overlapping_placements(
     cluster: Testbed, api: ApiClient
 ) -> None:
-    """kube-scheduler itself on the published pool: 4 H100s (100 placements, so the first
-    ones offered sit in the second device slice), GPU 3's placements offered first, each
-    GPU's in reverse table order (the whole GPU first). A claim for any device gets the first
+    """kube-scheduler itself on a stable pool: 4 H100s (100 placements, so the first ones
+    listed sit in the second device slice), GPU 3's placements listed first, each GPU's in
+    reverse table order (the whole GPU first). A claim for any device gets the first
     offered (GPU 3 whole); one for a 1g.10gb on GPU 3 then finds no room on 1.36+ (the whole
     GPU holds every memory slice counter), and one for any 1g.10gb gets the first offered on
     GPU 2. On 1.34 the counters are dropped: the overlapping placement is allocated (and the
@@ -188,8 +202,10 @@ async def test_the_scheduler_allocates_in_offer_order_and_never_two_overlapping_
     cluster.kubectl("create", "namespace", namespace)
     model = next(m for m in CATALOG if m.startswith("NVIDIA H100 80GB"))
     table = CATALOG[model]
-    placements = [Instance(p.name, s) for p in table.profiles for s in p.placements]
-    offer = [(g, inst) for g in (3, 2, 1, 0) for inst in reversed(placements)]
+    placements = [(p.name, s) for p in table.profiles for s in p.placements]
+    offer = [
+        DeviceRef(g, name, start) for g in (3, 2, 1, 0) for name, start in reversed(placements)
+    ]
     publisher = SlicePublisher(api, slices=offering(offer))
     publisher.observe(
         MigNode(

@@ -4,10 +4,10 @@ Two operators run in-process with `--offer-publishing` and elect a leader throug
 The first leads and publishes the node's pool: its offer on 1.36+ (an Auto policy runs Offer),
 reactive mode's slice on 1.34 (offers not served: the policy falls back to Reactive). The
 second is a warm standby; the first stops and releases the Lease, and the second takes over.
-Its view computes the pool the first wrote, so it writes none. Before the take-over said which
-nodes offer, its standby ran no round and knew no offering node: it wrote reactive mode's
-slice over the offer pool (every offered placement gone while kube-scheduler may be
-allocating one), then the offer pool again after its first round.
+Its view computes the pool the first wrote, so it writes none: the pool keeps its generation
+(issue 35: "the operator restarted: pool unchanged, same generation"). A take-over that did not
+first say which nodes offer would write reactive mode's slice over the pool (every placement
+gone while kube-scheduler may be allocating one), then the pool again after its first round.
 """
 
 from __future__ import annotations
@@ -127,6 +127,6 @@ def test_a_new_leader_writes_no_reactive_slice_over_an_offering_nodes_pool(
             assert pool(cluster) == before
             assert state_of(second).offers.offered(NODE) == offering
     if not offering:
-        # 1.34: partitionable devices and binding conditions not served, Auto runs Reactive
+        # 1.34: partitionable devices not served, Auto runs Reactive
         assert in_effect == "Reactive"
         assert before[1] == REACTIVE

@@ -179,4 +179,3 @@ def test_service_accounts_hold_only_the_lease_role(installed: Testbed, account: 
                 "verbs": ["get", "create", "update"],
             }
         ]
-

@@ -306,11 +306,13 @@ async def take_over(state: OperatorState) -> None:
     if state.offer_publishing:
         assign_offers(state, cluster_now(state))
     state.offers_known = True
-    for name in state.publisher.nodes():
+    nodes = state.publisher.nodes()
+    for name in nodes:
         if not state.leading():
             return
         await _publish(state, name)
     await mark_stale(state)
+    log.info("took_over", nodes=len(nodes))
 
 
 async def _publish(state: OperatorState, name: str) -> None:

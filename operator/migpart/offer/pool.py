@@ -190,9 +190,9 @@ def stable_pool(
     the node's GPUs under its policy); placements of a GPU the node does not report with MIG
     on, or that its table lacks, are left out. `held`: the device names claims hold on the
     node, listed after the order where the order lacks them. Placements the agent reports it
-    cannot make are tainted (`unusable_placements`; without `taints`, left out unless held). An unavailable node gets reactive mode's
-    answer: one empty slice, never created. `cache` only saves work: the result is the same
-    without it.
+    cannot make are tainted (`unusable_placements`; without `taints`, left out unless held).
+    An unavailable node gets reactive mode's answer: one empty slice, never created. `cache`
+    only saves work: the result is the same without it.
     """
     if not available:
         return node_slices(node, available=False)

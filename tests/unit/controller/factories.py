@@ -127,4 +127,3 @@ def _status(status: dict[str, Any]) -> dict[str, Any]:
     return MigNodeStatus.model_validate(status).model_dump(
         by_alias=True, exclude_none=True, mode="json"
     )
-

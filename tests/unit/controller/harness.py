@@ -46,4 +46,3 @@ def indexed(state: OperatorState, cluster: Cluster) -> OperatorState:
         classes=one_each(cluster.device_classes),
     )
     return state
-

@@ -163,4 +163,3 @@ async def test_a_slice_deleted_while_the_watch_was_down_is_written_again_at_the_
     assert "a" not in real.view._slices
     assert "b" not in real.view._slices
     assert real.view._floors == {"a": 3, "b": 3}  # a new slice continues the generations
-
