@@ -151,6 +151,7 @@ async def serve(
         on_change=agent.poke,
         offering=agent.offering,
         counted=lambda kind: metrics.operations.labels(config.node, kind).inc(),
+        failures=agent.failures,
     )
     plugin = KubeletPlugin(driver, config.plugin_dir, config.registration_dir)
     if config.kubelet_plugin and config.report_registration:

@@ -6,6 +6,10 @@ or starting pod and is never destroyed, whatever MigNode.spec says. It is writte
 or the new content, never a torn file. `lock` serializes the plugin's prepare with the
 reconciler's destroy, so a claim cannot be prepared on an instance in the instant that the
 reconciler decided it was free.
+
+It also keeps the placements an offering node reports unusable (`migpart.agent.failures`), so
+that a restarted agent goes on reporting them and the operator's taint on their devices does
+not come off and on again with every agent restart.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from pathlib import Path
 
 VERSION = 1
@@ -50,13 +55,37 @@ class PreparedClaim:
         return f"{self.namespace}/{self.name}"
 
 
+UnusableReason = Literal["Overlap", "NvmlError"]
+
+
+@dataclass(frozen=True, slots=True)
+class UnusablePlacement:
+    """A placement whose instance could not be made at `failures` prepares in a row
+    (`migpart.agent.failures`): why the last one failed (`reason`, `FailedInstance.reason`)
+    and what it said (`error`)."""
+
+    gpu: int
+    profile: str
+    start: int
+    reason: UnusableReason
+    error: str
+    failures: int
+
+    @property
+    def placement(self) -> tuple[int, str, int]:
+        """(gpu, profile, start), the key `Checkpoint.prepared` uses too."""
+        return (self.gpu, self.profile, self.start)
+
+
 class Checkpoint:
-    """The prepared claims of this node, loaded from and saved to `path`."""
+    """The prepared claims of this node (and its unusable placements), loaded from and saved
+    to `path`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock = asyncio.Lock()
         self._claims: dict[str, PreparedClaim] = {}
+        self._unusable: tuple[UnusablePlacement, ...] = ()
         # The state directory is the agent's own: only root on the node reads which claims run
         # where (a hostPath that kubelet created 0755 is narrowed here).
         owner_only_dir(path.parent)
@@ -68,6 +97,7 @@ class Checkpoint:
             raw = json.loads(self.path.read_text())
         except FileNotFoundError:
             self._claims = {}
+            self._unusable = ()
             return
         claims: dict[str, PreparedClaim] = {}
         for uid, c in raw.get("claims", {}).items():
@@ -86,6 +116,19 @@ class Checkpoint:
             )
             claims[uid] = PreparedClaim(uid, c["namespace"], c["name"], devices)
         self._claims = claims
+        # absent from files written before the agent reported unusable placements
+        self._unusable = tuple(
+            UnusablePlacement(
+                gpu=int(u["gpu"]),
+                profile=u["profile"],
+                start=int(u["start"]),
+                reason=u["reason"],
+                error=u.get("error", ""),
+                failures=int(u["failures"]),
+            )
+            for u in raw.get("unusable", [])
+            if u.get("reason") in get_args(UnusableReason)
+        )
 
     def get(self, uid: str) -> PreparedClaim | None:
         return self._claims.get(uid)
@@ -101,6 +144,16 @@ class Checkpoint:
                 out.setdefault((d.gpu, d.profile, d.start), []).append(claim.ref)
         return out
 
+    def unusable(self) -> tuple[UnusablePlacement, ...]:
+        return self._unusable
+
+    def set_unusable(self, placements: Iterable[UnusablePlacement]) -> None:
+        """Keep `placements` as the node's unusable ones (saved only when they changed)."""
+        ordered = tuple(sorted(placements, key=lambda u: u.placement))
+        if ordered != self._unusable:
+            self._unusable = ordered
+            self._save()
+
     def put(self, claim: PreparedClaim) -> None:
         self._claims[claim.uid] = claim
         self._save()
@@ -110,7 +163,7 @@ class Checkpoint:
             self._save()
 
     def _save(self) -> None:
-        body = {
+        body: dict[str, object] = {
             "version": VERSION,
             "claims": {
                 uid: {
@@ -121,6 +174,8 @@ class Checkpoint:
                 for uid, c in sorted(self._claims.items())
             },
         }
+        if self._unusable:  # left out when empty: the file stays as older agents wrote it
+            body["unusable"] = [asdict(u) for u in self._unusable]
         atomic_write(self.path, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 

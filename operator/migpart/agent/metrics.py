@@ -12,7 +12,7 @@ only when it happens): an alert on `increase()` then sees the first failure too.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import get_args
 
 from aiohttp import web
@@ -20,9 +20,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, His
 from prometheus_client import Counter as CounterMetric
 from prometheus_client.exposition import generate_latest
 
+from migpart.agent.checkpoint import UnusableReason
 from migpart.agent.publishers import PUBLISHERS
 from migpart.agent.reconciler import OpKind
-from migpart.api.models import InstanceStateName, MigNodeStatus
+from migpart.api.models import FailedInstance, InstanceStateName, MigNodeStatus
 from migpart.process_metrics import register_process_metrics
 
 
@@ -93,8 +94,18 @@ class AgentMetrics:
             ["node", "publisher"],
             registry=self.registry,
         )
+        self.unusable_placements = Gauge(
+            "migpart_agent_unusable_placements",
+            "Placements of an offering node reported unusable (status.failedInstances) after "
+            "failed prepares in a row, by the last failure's reason; the operator taints their "
+            "devices NoExecute until a retry makes them",
+            ["node", "reason"],
+            registry=self.registry,
+        )
         for publisher in PUBLISHERS:
             self.publisher_overlap.labels(node, publisher).set(0)
+        for reason in get_args(UnusableReason):
+            self.unusable_placements.labels(node, reason).set(0)
         for counter in (self.status_write_failures, self.lease_renewal_failures):
             counter.labels(node)
         for kind in get_args(OpKind):
@@ -123,6 +134,12 @@ class AgentMetrics:
         _replace(self.gpu_instances, self.node, per_gpu, self._shown["gpu_instances"])
         _replace(self.gpus, self.node, models, self._shown["gpus"])
         self.lost_gpus.labels(self.node).set(len(status.lost_gpus))
+
+    def observe_unusable(self, unusable: Iterable[FailedInstance]) -> None:
+        """Set the unusable placements' gauge from the reports in the status written."""
+        per_reason = Counter(u.reason for u in unusable)
+        for reason in get_args(UnusableReason):
+            self.unusable_placements.labels(self.node, reason).set(per_reason[reason])
 
     def nvml_error(self, code: int | None) -> None:
         self.nvml_errors.labels(self.node, str(code) if code is not None else "unknown").inc()

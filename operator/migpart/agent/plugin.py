@@ -15,7 +15,9 @@ Offer mode: a claim may be allocated a placement whose instance does not exist y
 API server serves binding conditions, the pod is bound only once the instance exists; where it
 does not, kubelet may ask to prepare such a claim first, and the placement is created then,
 under the same guard as the reconciler's (`reconciler.create_locked`: never over an instance
-that exists, nothing destroyed to make room).
+that exists, nothing destroyed to make room). On an offering node (a stable pool with counters)
+the free instances in its way are destroyed first, and a placement whose prepares keep failing
+is reported for the operator to taint (`migpart.agent.failures`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from migpart.agent.checkpoint import (
     owner_only_dir,
 )
 from migpart.agent.claims import ClaimNotFound, ClaimSource
+from migpart.agent.failures import PlacementFailures
 from migpart.agent.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -44,10 +47,10 @@ from migpart.agent.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from migpart.agent.reconciler import OpKind, create_locked, make_room_locked
+from migpart.agent.reconciler import OpKind, create_locked, is_lost, make_placement_locked
 from migpart.api.models import KubeletPluginStatus
 from migpart.dra import DRIVER, DeviceId, ours
-from migpart.errors import MigpartError
+from migpart.errors import MigpartError, NvmlFailure
 from migpart.mig import Instance, device_name
 
 if TYPE_CHECKING:
@@ -55,6 +58,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from migpart.agent.backend import MigInstance, NvmlBackend
+    from migpart.agent.reconciler import Failure
+    from migpart.mig import ModelTable
 
 log = structlog.get_logger("migpart.agent.plugin")
 
@@ -85,6 +90,7 @@ class DraDriver:
         on_change: Callable[[], None] | None = None,
         offering: Callable[[], bool] = lambda: False,
         counted: Callable[[OpKind], None] = lambda kind: None,
+        failures: PlacementFailures | None = None,
     ) -> None:
         self.on_change = on_change  # tells the agent loop to report the new instance states
         # whether the node's MigNode spec says Offer (`MigNodeSpec.allocation`): its pool
@@ -96,6 +102,9 @@ class DraDriver:
         self.claims = claims
         self.checkpoint = checkpoint
         self.cdi = cdi
+        # an offering node's failed prepares per placement (shared with the agent loop, which
+        # reports and retries the placements that keep failing)
+        self.failures = failures if failures is not None else PlacementFailures(node, checkpoint)
 
     async def _instances(self) -> dict[DeviceId, tuple[MigInstance, int]]:
         """Device -> (complete MIG instance, GPU minor) for every instance on the node."""
@@ -124,23 +133,48 @@ class DraDriver:
                         continue
                     inst = Instance(profile.name, start)
                     if self.offering():
-                        blocked = await make_room_locked(
-                            self.backend,
-                            self.checkpoint,
-                            table,
-                            gpu.index,
-                            inst,
-                            destroyed=lambda: self.counted("destroy"),
-                        )
-                        if blocked is not None:
-                            raise PrepareError(f"device {device} not created yet: {blocked}")
-                    failure = await create_locked(self.backend, table, gpu.index, inst)
+                        failure = await self._make_placement(table, gpu.index, inst)
+                        if failure is not None and failure.reason == "Overlap":
+                            # in use in the way: its claim may be unprepared in a moment
+                            raise PrepareError(
+                                f"device {device} not created yet: {failure.message}"
+                            )
+                    else:
+                        failure = await create_locked(self.backend, table, gpu.index, inst)
                     if failure is not None:
                         raise PrepareError(f"device {device} not created: {failure.message}")
                     self.counted("create")
                     log.info("placement_created_at_prepare", node=self.node, device=device)
                     return
         raise PrepareError(f"device {device} does not exist on node {self.node}")
+
+    async def _make_placement(self, table: ModelTable, gpu: int, inst: Instance) -> Failure | None:
+        """An offering node's placement made (`make_placement_locked`); a failure, NVML's
+        errors included (a lost GPU's aside), is counted against the placement, and a report
+        it makes or changes is told to the agent loop."""
+        placement = (gpu, inst.profile, inst.start)
+        try:
+            failure = await make_placement_locked(
+                self.backend,
+                self.checkpoint,
+                table,
+                gpu,
+                inst,
+                destroyed=lambda: self.counted("destroy"),
+            )
+        except NvmlFailure as err:
+            if not is_lost(err) and self.failures.failed(placement, "NvmlError", str(err)):
+                self._changed()
+            raise
+        if failure is None:
+            self.failures.worked(placement)
+        elif self.failures.failed(placement, failure.status.reason, failure.message):
+            self._changed()
+        return failure
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
         done = self.checkpoint.get(claim.uid)
@@ -188,8 +222,9 @@ class DraDriver:
             self.checkpoint.put(
                 PreparedClaim(claim.uid, claim.namespace, claim.name, tuple(devices))
             )
-        if self.on_change is not None:
-            self.on_change()
+            for d in devices:  # a warm instance too: the placement works
+                self.failures.worked((d.gpu, d.profile, d.start))
+        self._changed()
         log.info(
             "claim_prepared",
             claim=f"{claim.namespace}/{claim.name}",
@@ -202,8 +237,7 @@ class DraDriver:
         async with self.checkpoint.lock:
             self.cdi.remove(claim.uid)
             self.checkpoint.remove(claim.uid)
-        if self.on_change is not None:
-            self.on_change()
+        self._changed()
         log.info("claim_unprepared", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid)
 
 

@@ -102,7 +102,7 @@ async def _busy_reason(
     return None
 
 
-def _is_lost(err: NvmlFailure) -> bool:
+def is_lost(err: NvmlFailure) -> bool:
     return bool(err.code == pynvml.NVML_ERROR_GPU_IS_LOST)
 
 
@@ -118,7 +118,7 @@ async def read_gpus(backend: NvmlBackend) -> tuple[list[_Gpu], set[int]]:
             table = await backend.profile_table(info.index)
             actual = await backend.instances(info.index) if info.mig_enabled else []
         except NvmlFailure as err:
-            if not _is_lost(err):
+            if not is_lost(err):
                 raise
             lost.add(info.index)
             continue
@@ -264,7 +264,7 @@ async def create_locked(
     try:
         await backend.create(gpu, inst.profile, inst.start)
     except NvmlFailure as err:
-        if _is_lost(err):
+        if is_lost(err):
             raise
         log.warning(
             "mig_instance_create_failed",
@@ -327,6 +327,32 @@ async def make_room_locked(
     return None
 
 
+async def make_placement_locked(
+    backend: NvmlBackend,
+    checkpoint: Checkpoint,
+    table: ModelTable,
+    gpu: int,
+    inst: Instance,
+    destroyed: Callable[[], None] = lambda: None,
+) -> Failure | None:
+    """An offering node's placement made (the caller holds the checkpoint lock): the free
+    instances in its way destroyed (`make_room_locked`), then it created (`create_locked`).
+    None when it exists now; else why not: `Overlap` when an instance in use is in the way
+    (NVML's IN_USE included), `NvmlError` when NVML refused the create."""
+    blocked = await make_room_locked(backend, checkpoint, table, gpu, inst, destroyed)
+    if blocked is None:
+        return await create_locked(backend, table, gpu, inst)
+    return Failure(
+        FailedInstance(
+            gpu=gpu,
+            profile=inst.profile,
+            start=inst.start,
+            reason="Overlap",
+            message=blocked[:1024],
+        )
+    )
+
+
 async def reconcile_once(
     spec: MigNodeSpec | None,
     backend: NvmlBackend,
@@ -357,7 +383,7 @@ async def reconcile_once(
                 g, want, backend, checkpoint, ops, kept, problems, failed, errors, offering
             )
         except NvmlFailure as err:
-            if not _is_lost(err):
+            if not is_lost(err):
                 raise
             log.warning("gpu_lost_mid_pass", gpu=g.info.index, error=str(err))  # seen below
     status, converged = await observe(backend, checkpoint, desired, at_least=offering)

@@ -14,6 +14,13 @@ offers the node's GPUs, a pass carries out no spec (it creates and destroys noth
 status says why in its `PublisherOverlap` condition; the check runs at the first pass and then
 at most once per resync period.
 
+Unusable placements (`migpart.agent.failures`): on an offering node, a pass first retries the
+placements the kubelet plugin reported unusable whose back-off is over, clears the reports of
+those whose instance it then finds (however made), and adds the others to
+`status.failedInstances` (after the pass's own failures to create what the spec lists; one
+entry per placement) with a Warning Event `PlacementUnusable` once per report. A node that does
+not offer reports none and forgets them.
+
 The loop is level-triggered: a trigger only says "look again"; every pass reads the latest
 spec and the whole NVML state. Failures of one pass (an NVML error, a status write the API
 server refused or never answered) are logged, counted and retried with backoff; they never
@@ -31,10 +38,11 @@ import aiohttp
 import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from migpart.agent.failures import PlacementFailures, retry_due
 from migpart.agent.publishers import PUBLISHERS, Overlap, PublisherProbe
 from migpart.agent.reconciler import condition, reconcile_once
-from migpart.aio import wait_until_set
 from migpart.api.models import PUBLISHER_OVERLAP
+from migpart.clock import Clock, RealClock
 from migpart.dra import now_iso
 from migpart.errors import GpuBusy, NvmlFailure, ResourceNotServed
 
@@ -45,11 +53,19 @@ if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint
     from migpart.agent.kube import MigNodeStore
     from migpart.agent.metrics import AgentMetrics
-    from migpart.api.models import Condition, KubeletPluginStatus, MigNodeSpec, MigNodeStatus
+    from migpart.api.models import (
+        Condition,
+        FailedInstance,
+        KubeletPluginStatus,
+        MigNodeSpec,
+        MigNodeStatus,
+    )
 
 log = structlog.get_logger("migpart.agent")
 
 MAX_BACKOFF_S = 30.0
+# `status.failedInstances` holds at most this many entries (the CRD's maxItems)
+MAX_FAILED_INSTANCES = 64
 
 
 class Agent:
@@ -68,6 +84,8 @@ class Agent:
         registration: Callable[[], KubeletPluginStatus | None] | None = None,
         publishers: PublisherProbe | None = None,
         allow_overlap: bool = False,
+        clock: Clock | None = None,
+        failures: PlacementFailures | None = None,
     ) -> None:
         self.node = node
         self.backend = backend
@@ -95,6 +113,15 @@ class Agent:
         self.allow_overlap = allow_overlap
         self.overlap: Overlap | None = None
         self._overlap_checked: float | None = None  # monotonic time of the last check
+        # when the loop waits, and the unusable placements' back-offs
+        self.clock = clock if clock is not None else RealClock()
+        # the placements an offering node's prepares keep failing to make (shared with the
+        # kubelet plugin, which counts them)
+        self.failures = (
+            failures if failures is not None else PlacementFailures(node, checkpoint, self.clock)
+        )
+        # the unusable placements told in a Warning Event
+        self._told_unusable: set[tuple[int, str, int]] = set()
 
     def offering(self) -> bool:
         """Whether the spec applied says Offer (`MigNodeSpec.allocation`) and the agent carries
@@ -146,6 +173,18 @@ class Agent:
         started = time.monotonic()
         await self._check_publishers(started)
         held = self.overlap is not None and not self.allow_overlap
+        offering = self.offering()
+        if offering:
+            assert self.spec is not None
+            await retry_due(
+                self.failures,
+                self.backend,
+                self.checkpoint,
+                self.spec.desired(),
+                counted=lambda kind: self.metrics.operations.labels(self.node, kind).inc(),
+            )
+        else:
+            self.failures.forget()
         now = now_iso()
         result = await reconcile_once(
             None if held else self.spec,
@@ -160,7 +199,16 @@ class Agent:
             self.metrics.nvml_error(code)
         self.failing = bool(result.nvml_errors)
         status = result.status
-        await self._warn_failed(status)
+        if offering:  # what exists works, however it was made (by this pass, say)
+            self.failures.exist(
+                (g.index, i.profile, i.start) for g in status.gpus for i in g.instances if i.uuid
+            )
+        unusable = self.failures.reports() if offering else []
+        await self._warn_failed(status.failed_instances, unusable)
+        await self._warn_unusable(unusable)
+        status = status.model_copy(
+            update={"failed_instances": _merged(unusable, status.failed_instances)}
+        )
         before = set(self.status.lost_gpus) if self.status is not None else set()
         for gpu in sorted(set(status.lost_gpus) - before):
             log.warning("gpu_lost", node=self.node, gpu=gpu, error="NVML_ERROR_GPU_IS_LOST")
@@ -186,6 +234,7 @@ class Agent:
         self.status, self.written_on = status, created
         self.metrics.reconcile_seconds.labels(self.node).observe(time.monotonic() - started)
         self.metrics.observe_status(status)
+        self.metrics.observe_unusable(unusable)
         self.metrics.ready = True
 
     async def _check_publishers(self, now_s: float) -> None:
@@ -246,19 +295,35 @@ class Agent:
             PUBLISHER_OVERLAP, not self.allow_overlap, reason, message, self.status, now
         )
 
-    async def _warn_failed(self, status: MigNodeStatus) -> None:
-        """A Warning Event on the MigNode for each instance newly not created (refused as
-        overlapping, or refused by NVML): once per failure, not once per pass."""
+    async def _warn_failed(
+        self, failed_instances: list[FailedInstance], unusable: list[FailedInstance]
+    ) -> None:
+        """A Warning Event on the MigNode for each instance of the spec newly not created
+        (refused as overlapping, or refused by NVML): once per failure, not once per pass. A
+        placement reported unusable has its own Event (`_warn_unusable`)."""
         before = set(self.status.failed_instances) if self.status is not None else set()
-        for failed in status.failed_instances:
-            if failed in before:
+        reported = {(u.gpu, u.profile, u.start) for u in unusable}
+        for failed in failed_instances:
+            if failed in before or (failed.gpu, failed.profile, failed.start) in reported:
                 continue
             reason = "InstanceRefused" if failed.reason == "Overlap" else "InstanceNotCreated"
-            message = f"{failed.profile}@{failed.start} on GPU {failed.gpu}: {failed.message}"
-            try:
-                await self.store.warn(reason, message[:1024])
-            except (TimeoutError, ApiException, aiohttp.ClientError) as err:
-                log.warning("event_failed", node=self.node, error=str(err)[:200])
+            await self._warn(reason, failed)
+
+    async def _warn_unusable(self, unusable: list[FailedInstance]) -> None:
+        """A Warning Event `PlacementUnusable` for each placement newly reported unusable
+        (not for each further failed prepare: those change only the count in its message)."""
+        before = self._told_unusable
+        self._told_unusable = {(u.gpu, u.profile, u.start) for u in unusable}
+        for u in unusable:
+            if (u.gpu, u.profile, u.start) not in before:
+                await self._warn("PlacementUnusable", u)
+
+    async def _warn(self, reason: str, failed: FailedInstance) -> None:
+        message = f"{failed.profile}@{failed.start} on GPU {failed.gpu}: {failed.message}"
+        try:
+            await self.store.warn(reason, message[:1024])
+        except (TimeoutError, ApiException, aiohttp.ClientError) as err:
+            log.warning("event_failed", node=self.node, error=str(err)[:200])
 
     async def ensure(self) -> MigNodeSpec | None:
         """The MigNode's spec once it exists. Until the API server serves MigNodes (the agent
@@ -307,6 +372,9 @@ class Agent:
                     else:
                         backoff = self.backoff_s
                         delay = self.resync_s
+                    retry_s = self.failures.next_retry_s() if self.offering() else None
+                    if retry_s is not None:  # an unusable placement's retry is due then
+                        delay = min(delay, retry_s)
                 except (NvmlFailure, GpuBusy) as err:
                     self.metrics.nvml_error(getattr(err, "code", None))
                     log.warning("reconcile_failed", node=self.node, error=str(err))
@@ -315,9 +383,18 @@ class Agent:
                     self.metrics.status_write_failed()
                     log.warning("status_write_failed", node=self.node, error=str(err))
                     delay, backoff = backoff, min(backoff * 2, 60.0)
-                await wait_until_set(self.trigger, delay)
+                await self.clock.wait(self.trigger, delay)
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
             self.metrics.alive = False
+
+
+def _merged(unusable: list[FailedInstance], failed: list[FailedInstance]) -> list[FailedInstance]:
+    """`status.failedInstances`: the unusable placements, then the pass's own failures to
+    create what the spec lists that are not among them (one entry per placement), at most
+    `MAX_FAILED_INSTANCES`."""
+    reported = {(u.gpu, u.profile, u.start) for u in unusable}
+    rest = [f for f in failed if (f.gpu, f.profile, f.start) not in reported]
+    return [*unusable, *rest][:MAX_FAILED_INSTANCES]
