@@ -3,13 +3,13 @@ MigNode spec says `allocation: Offer` gets an instance made when kubelet prepare
 a free instance in the placement's way destroyed first, and the instance kept after the pod
 for the next claim of that placement.
 
-The operator side of the design (a stable pool per offering node) is not built yet, so the
-test publishes that pool itself, as the operator will: GPU 0's counter set (the production
-`counter_set`) and every placement it lists as the production `placement_device` of a
-created instance, in the listing order, with no binding condition. The node does not opt
-in to migpart (`migpart.io/managed` None), so the suite's operator leaves it, its slices and
-its spec alone. On Kubernetes 1.34 the API server drops the counters (partitionable devices
-are not served there), so the test runs where they are served and checks that elsewhere.
+The test publishes the stable pool itself, with the production functions (GPU 0's
+`counter_set`, each placement's `placement_device`), so that it chooses the listing order and
+writes the spec each step needs; tests/e2e/test_offer_mode.py runs the operator's own pool.
+The node does not opt in to migpart (`migpart.io/managed` None), so the suite's operator
+leaves it, its slices and its spec alone. On Kubernetes 1.34 the API server drops the
+counters (partitionable devices are not served there), so the test runs where they are
+served and checks that elsewhere.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from migpart.api.models import GpuStatus
 from migpart.api.selectors import MANAGED_LABEL
 from migpart.dra import DRIVER
-from migpart.offer_content import counter_set, placement_device
+from migpart.offer.pool import counter_set, placement_device
 from migpart.testing.builders import RESOURCE_API
 from tests.e2e.conftest import H100, SERVED, Scenario
 
@@ -37,8 +37,7 @@ def publish_pool(
 ) -> None:
     """The node's stable pool in two slices: the counter set, then the devices in order."""
     table = gpu.table()
-    # created=True: a device with no binding condition, as the stable pool lists each one
-    devices = [placement_device(gpu, table.profile(p), s, created=True) for p, s in listed]
+    devices = [placement_device(gpu, table.profile(p), s) for p, s in listed]
     pool = {"name": node, "generation": 1, "resourceSliceCount": 2}
     bodies = [
         {"sharedCounters": [counter_set(0, table)]},

@@ -1,5 +1,5 @@
 """The allocation mode against real API servers: what the dry-run probes find, and what a
-policy's status says. Kubernetes 1.37 serves partitionable devices and binding conditions by
+policy's status says. Kubernetes 1.37 serves partitionable devices and device taints by
 default, 1.34 does not (their gates are alpha there); which one runs is $MIGPART_K8S_VERSION,
 and each test asserts the outcome expected of it, so both runs pass and neither skips."""
 
@@ -11,8 +11,8 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from migpart.clock import RealClock
-from migpart.controller.allocation import NOT_PUBLISHING
 from migpart.kube.features import discover_dra_features, dry_run_create
+from migpart.offer.mode import NOT_PUBLISHING
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
 from tests.integration.conftest import (

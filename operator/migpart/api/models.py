@@ -188,7 +188,7 @@ class GpuStatus(_Model):
 
 
 class FailedInstance(MigInstanceSpec):
-    """A spec instance the agent's last pass did not create (Overlap: refused, NvmlError)."""
+    """A spec instance not created, or an offering node's placement unusable (Overlap, NvmlError)."""
 
     gpu: Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
     reason: Literal["Overlap", "NvmlError"]
