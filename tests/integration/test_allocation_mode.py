@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from migpart.api.models import MigNodeSpec
 from migpart.clock import RealClock
 from migpart.kube.features import discover_dra_features, dry_run_create
+from migpart.kube.objects import patch_mignode_spec
 from migpart.offer.mode import NOT_PUBLISHING
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
@@ -86,3 +88,18 @@ def test_a_policy_reports_the_mode_in_effect(cluster: Testbed, operator: Running
             lambda: [e for e in events(cluster, "offer") if e["reason"] == "OfferNotServed"]
         )
         assert warned[0]["type"] == "Warning"
+
+
+async def test_a_spec_written_without_an_allocation_mode_removes_the_old_one(
+    cluster: Testbed, api: ApiClient
+) -> None:
+    """A node handed back from offer mode gets a spec without `allocation`: the merge patch
+    must remove `allocation: Offer`, not leave it (its agent would go on offering)."""
+    cluster.add_node("mode-spec", {"pool": "mode-spec"})
+    put_mignode(cluster, "mode-spec", [gpu_status(0, [])])
+    await patch_mignode_spec(api, "mode-spec", MigNodeSpec(plan_id="p1", allocation="Offer"))
+    assert get(cluster, "mignode", "mode-spec")["spec"]["allocation"] == "Offer"
+    await patch_mignode_spec(api, "mode-spec", MigNodeSpec(plan_id="p2"))
+    spec = get(cluster, "mignode", "mode-spec")["spec"]
+    assert "allocation" not in spec
+    assert spec["planId"] == "p2"

@@ -47,7 +47,13 @@ from migpart.agent.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from migpart.agent.reconciler import OpKind, create_locked, is_lost, make_placement_locked
+from migpart.agent.reconciler import (
+    OpKind,
+    create_locked,
+    is_lost,
+    make_placement_locked,
+    overlapping,
+)
 from migpart.api.models import KubeletPluginStatus
 from migpart.dra import DRIVER, DeviceId, ours
 from migpart.errors import MigpartError, NvmlFailure
@@ -168,9 +174,19 @@ class DraDriver:
             raise
         if failure is None:
             self.failures.worked(placement)
+        elif self._unprepare_pending(table, gpu, inst):
+            # another claim's instance, prepared, is in the way: kubelet unprepares that claim
+            # (its pod is going: the scheduler freed its counters) and retries this one, so
+            # the placement is not failing; counted, three tries could evict a pod for nothing
+            pass
         elif self.failures.failed(placement, failure.status.reason, failure.message):
             self._changed()
         return failure
+
+    def _unprepare_pending(self, table: ModelTable, gpu: int, inst: Instance) -> bool:
+        """Whether an instance in `inst`'s way on `gpu` is prepared for a claim."""
+        prepared = [Instance(p, s) for g, p, s in self.checkpoint.prepared() if g == gpu]
+        return overlapping(table, prepared, inst) is not None
 
     def _changed(self) -> None:
         if self.on_change is not None:

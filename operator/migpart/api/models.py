@@ -188,7 +188,7 @@ class GpuStatus(_Model):
 
 
 class FailedInstance(MigInstanceSpec):
-    """A spec instance not created, or an offering node's placement unusable (Overlap, NvmlError)."""
+    """A spec instance not created, or an offering node's unusable placement (the reason)."""
 
     gpu: Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
     reason: Literal["Overlap", "NvmlError"]

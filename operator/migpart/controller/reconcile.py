@@ -45,6 +45,7 @@ from migpart.controller.status import invalid_status, round_status
 from migpart.dra import as_iso
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.snapshot import node_name, reconfiguring
+from migpart.mig import device_name
 from migpart.offer.mode import acting, fell_back, resolve_allocation
 from migpart.offer.nodes import NodeOffer
 from migpart.planning.changes import changed_nodes, choose_nodes, layout_changes
@@ -124,7 +125,7 @@ class PolicyRound:
         result = RoundResult()
         last_plan: LastPlan | None = None
         # an offering policy plans nothing; a node's mode changing is written before a plan
-        modes_written = await self.write_modes(policy, scope)
+        modes_written = await self.write_modes(scope)
         plans = not self.offering and not modes_written
         deferred = plans and not self.may_plan(policy, scope.demand)
         if scope.nodes and plans and not deferred:
@@ -299,25 +300,30 @@ class PolicyRound:
         self.state.hooks.record(JournalEntry("spec_written", name, detail=plan_id))
         self.log.info("mignode_spec_written", node=name, plan_id=plan_id)
 
-    async def write_modes(self, policy: GpuPartitionPolicy, scope: Scope) -> bool:
+    async def write_modes(self, scope: Scope) -> bool:
         """Give every node of the scope the spec of its mode where it has the other one: an
-        offering node `offer_spec`, a node that offered no more `handed_back_spec`. Returns
-        whether any was written (then this round plans nothing: the next plans on the new
-        specs). A DryRun policy writes nothing."""
-        if policy.spec.mode == "DryRun":
-            return False
+        offering node `offer_spec`, a node that offers no more `handed_back_spec` (a DryRun
+        policy's too: it makes and destroys nothing). A node is handed back only once every
+        placement a claim holds there is made: its pool stays the stable one until then
+        (`OfferingNodes.slices` follows the spec), so an allocation in flight is prepared
+        with room made, as it was allocated. Returns whether a node's mode is changing (then
+        this round plans nothing: the next plans on the new specs)."""
         plan_id = uuid.uuid4().hex[:16]
         specs: dict[str, MigNodeSpec] = {}
+        waiting = False
         for node in scope.nodes:
+            name = node_name(node)
             offers = node.spec is not None and node.spec.allocation == "Offer"
             if self.offering and not offers:
-                specs[node_name(node)] = offer_spec(plan_id)
+                specs[name] = offer_spec(plan_id)
             elif offers and not self.offering:
                 spec = handed_back_spec(node, plan_id)
-                if spec is not None:
-                    specs[node_name(node)] = spec
+                if spec is not None and made(node, self.state.offers.held(name)):
+                    specs[name] = spec
+                else:
+                    waiting = True
         if not specs:
-            return False
+            return waiting
         mode = "Offer" if self.offering else "Reactive"
         self.effects.event(
             self.body,
@@ -438,3 +444,12 @@ async def report_invalid(
     dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
     state.memory(name).status = (uid_of(body), dumped)
     return message
+
+
+def made(node: MigNode, held: frozenset[str]) -> bool:
+    """Whether every device in `held` is an instance the node's status reports made."""
+    if not held:
+        return True
+    gpus = node.status.gpus if node.status else []
+    have = {device_name(g.index, i.profile, i.start) for g in gpus for i in g.instances if i.uuid}
+    return held <= have

@@ -24,10 +24,15 @@ MERGE_PATCH = "application/merge-patch+json"
 async def patch_mignode_spec(
     api: ApiClient, name: str, spec: MigNodeSpec, resource_version: str | None = None
 ) -> dict[str, Any]:
-    """Replace the desired layout of MigNode `name` (lists are replaced whole by a merge
-    patch, which is what a new plan means). With `resource_version`, only over the object as
-    it was read (a precondition: ApiException 409 where the agent wrote meanwhile)."""
-    body: dict[str, Any] = {"spec": spec.model_dump(by_alias=True, exclude_none=True, mode="json")}
+    """Replace the desired layout of MigNode `name`: lists are replaced whole by a merge
+    patch, which is what a new plan means, and fields the spec leaves out are removed. With
+    `resource_version`, only over the object as it was read (a precondition: ApiException 409
+    where the agent wrote meanwhile)."""
+    written = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    # a field the spec leaves out is removed (null, in a merge patch), not left as it was: a
+    # node handed back from offer mode must lose `allocation: Offer`
+    cleared = {k: None for k in spec.model_dump(by_alias=True, mode="json") if k not in written}
+    body: dict[str, Any] = {"spec": {**cleared, **written}}
     if resource_version is not None:
         body["metadata"] = {"resourceVersion": resource_version}
     return await _merge_patch(api, MIGNODE_PLURAL, name, body)

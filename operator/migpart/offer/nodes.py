@@ -1,10 +1,16 @@
 """Which nodes offer, under which policy, and what their pools list.
 
 Every node in the scope of a policy whose mode in effect is Offer (`migpart.offer.mode`) is
-told here by that policy's rounds (`OfferingNodes.assign`); the one `SlicePublisher` asks
-`OfferingNodes.slices` for every node's slices: an offering node's stable pool
-(`migpart.offer.pool.stable_pool`, its placements in the planner's order), every other node's
-reactive slice (`migpart.slice_content.node_slices`), byte for byte as without offer mode.
+told here by that policy's rounds (`OfferingNodes.assign`), which give it the offering spec.
+The one `SlicePublisher` asks `OfferingNodes.slices` for every node's slices: the stable pool
+(`migpart.offer.pool.stable_pool`, its placements in the planner's order) for a node whose
+MigNode spec says `allocation: Offer`, every other node's reactive slice
+(`migpart.slice_content.node_slices`), byte for byte as without offer mode. The pool follows
+the spec, not the assignment, because the agent does: a node joins offer mode once its agent
+makes room at prepare, and leaves it once a round handed it back (`PolicyRound.write_modes`,
+which waits until every placement a claim holds there is made), never with an allocation of
+the pool in flight that reactive mode's slice would not count. Its policy's view is the
+assigned one, or the last one known (every profile if none).
 
 Besides the MigNode (which the publisher hands over), an offering node's pool depends on its
 policy and on the devices claims hold there that the policy's order does not list (a claim
@@ -71,6 +77,9 @@ class OfferingNodes:
         self._held: dict[str, dict[str, frozenset[str]]] = {}
         # node -> the device names its pool listed from the order when last computed
         self._listed: dict[str, frozenset[str]] = {}
+        # node -> the view it last offered under (a node whose spec still says Offer after
+        # its policy let it go offers under it until handed back)
+        self._views: dict[str, PolicyView] = {}
         self._orders: dict[tuple[Any, ...], tuple[tuple[DeviceRef, ...], frozenset[str]]] = {}
 
     # ------------------------------------------------------------------ which nodes offer
@@ -94,6 +103,7 @@ class OfferingNodes:
             for name in scope:
                 if self._nodes.get(name) != offer:
                     self._nodes[name] = offer
+                    self._views[name] = offer.view
                     changed.add(name)
         for name in sorted(changed):
             self.on_change(name)
@@ -126,7 +136,7 @@ class OfferingNodes:
                 on_node.pop(key, None)
                 if not on_node:
                     del self._held[node]
-            if node in self._nodes and not (was ^ held) <= self._listed.get(node, frozenset()):
+            if node in self._listed and not (was ^ held) <= self._listed[node]:
                 self.on_change(node)  # a held device outside the order came or went
 
     def claims_listed(self, claims: Sequence[Body]) -> None:
@@ -135,7 +145,7 @@ class OfferingNodes:
         self._held.clear()
         for claim in claims:
             self.claim_changed("ADDED", claim)
-        for node in sorted((nodes | set(self._held)) & self._nodes.keys()):
+        for node in sorted((nodes | set(self._held)) & self._listed.keys()):
             self.on_change(node)
 
     # ------------------------------------------------------------------ the pool
@@ -160,14 +170,16 @@ class OfferingNodes:
     def slices(
         self, node: MigNode, withdrawn: frozenset[str], available: bool, cache: DeviceCache
     ) -> list[SliceContent]:
-        """`SlicePublisher.slices`: the stable pool of an offering node, else reactive mode's
-        slice (`withdrawn` is the destroy protocol's, which never acts on an offering node)."""
+        """`SlicePublisher.slices`: the stable pool of a node whose spec says Offer, else
+        reactive mode's slice (`withdrawn` is the destroy protocol's, which never acts on an
+        offering node)."""
         name = str(node.metadata.get("name", ""))
-        known = self._nodes.get(name)
-        if known is None:
+        if node.spec is None or node.spec.allocation != "Offer":
             self._listed.pop(name, None)
             return node_slices(node, withdrawn, available, cache)
-        order, names = self._order(node_gpus(node), known.view)
+        known = self._nodes.get(name)
+        view = known.view if known is not None else self._views.get(name, PolicyView())
+        order, names = self._order(node_gpus(node), view)
         self._listed[name] = names
         return stable_pool(node, order, self.held(name), available, cache, self.taints)
 

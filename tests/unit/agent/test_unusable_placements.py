@@ -197,31 +197,25 @@ async def test_a_retry_that_works_clears_the_report_and_keeps_the_instance_free(
     assert sim.calls == []
 
 
-async def test_a_prepared_instance_in_the_way_reports_overlap_and_is_never_destroyed(
+async def test_a_prepared_instance_in_the_way_is_retried_never_counted_nor_destroyed(
     tmp_path: Path, sim: SimulatedNvml, checkpoint: Checkpoint
 ) -> None:
+    """kubelet may prepare the new claim before it unprepares the old one, whose counters the
+    scheduler already freed: a transient refusal. Counted, three quick tries would report the
+    placement, taint it and evict the new pod for nothing."""
     in_use = await sim.create(0, "1g.10gb", 4)
     prepare(checkpoint, "old", in_use)
     node = Node(tmp_path, sim, checkpoint)
     sim.calls.clear()
-    await node.fail_prepares(node.claim("a"), FAILURES_BEFORE_UNUSABLE)
+    await node.fail_prepares(node.claim("a"), FAILURES_BEFORE_UNUSABLE + 2)
     await node.agent.reconcile()
-    [failed] = node.store.statuses[-1].failed_instances
-    assert failed.reason == "Overlap"
-    assert "3 prepares in a row refused" in failed.message
-    assert "1g.10gb@4 is in the way and prepared for claim default/claim-old" in failed.message
-    assert node.unusable_gauge("Overlap") == 1
-    for _ in range(3):  # retries while it is prepared: nothing destroyed, still reported
-        node.clock.advance(RETRY_MAX_S)
-        await node.agent.reconcile()
-    assert sim.calls == []
-    assert await layout(sim) == [("1g.10gb", 4)]
-    assert node.store.statuses[-1].failed_instances == [failed]
-    checkpoint.remove("old")  # its claim is unprepared: the next retry makes room
-    node.clock.advance(RETRY_MAX_S)
-    await node.agent.reconcile()
-    assert await layout(sim) == [("3g.40gb", 4)]
     assert node.store.statuses[-1].failed_instances == []
+    assert node.unusable_gauge("Overlap") == 0
+    assert sim.calls == []  # nothing destroyed
+    assert await layout(sim) == [("1g.10gb", 4)]
+    checkpoint.remove("old")  # its claim is unprepared: the next prepare makes room
+    await node.plugin.prepare(node.claim("a"))
+    assert await layout(sim) == [("3g.40gb", 4)]
 
 
 async def test_a_running_instance_in_the_way_is_never_destroyed_by_a_retry(

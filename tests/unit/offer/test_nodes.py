@@ -21,14 +21,19 @@ from migpart.testing.builders import ClaimBuilder, profile_is
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import claim, mignode, policy, world
 from tests.unit.controller.harness import operator, run
+from tests.unit.kube.factories import gpu
 
 SERVED = DraFeatures(True, True, "served: partitionable devices, device taints")
 OFFER = NodeOffer("pa", PolicyView())
 SMALL = NodeOffer("pa", PolicyView(allowed=frozenset({"1g.10gb"})))
 
 
-def node(name: str = "a", *instances: tuple[str, int, str]) -> MigNode:
-    return MigNode.model_validate(mignode(name, 1, *instances))
+def node(name: str = "a", *instances: tuple[str, int, str], offers: bool = True) -> MigNode:
+    """MigNode `name` (two H100s, `instances` on GPU 0), its spec saying Offer or not."""
+    body = mignode(name, 1, *instances)
+    if offers:
+        body["spec"] = offer_spec("p0").model_dump(by_alias=True, exclude_none=True)
+    return MigNode.model_validate(body)
 
 
 def held(name: str, pool: str, device: str) -> dict[str, Any]:
@@ -53,11 +58,25 @@ def test_an_offering_node_lists_every_allowed_placement_in_the_planners_order() 
 def test_a_node_that_does_not_offer_gets_exactly_the_reactive_slice() -> None:
     nodes = OfferingNodes()
     nodes.assign("pa", ["b"], OFFER)
-    n = node("a", ("3g.40gb", 0, "Free"))
+    n = node("a", ("3g.40gb", 0, "Free"), offers=False)
     mine = nodes.slices(n, frozenset(), True, DeviceCache())
     assert [(s.digest, s.devices) for s in mine] == [
         (s.digest, s.devices) for s in node_slices(n, frozenset(), True)
     ]
+
+
+def test_the_pool_follows_the_nodes_spec_as_its_agent_does() -> None:
+    """Assigned but its spec not yet Offer: reactive (its agent makes no room yet). Its
+    policy gone but its spec still Offer (not handed back yet): the pool, under the view it
+    last offered under."""
+    nodes = OfferingNodes()
+    nodes.assign("pa", ["a"], SMALL)
+    assert listed(nodes, node(offers=False)) == []
+    offered = listed(nodes, node())
+    assert len(offered) == 14
+    nodes.drop("pa")
+    assert listed(nodes, node()) == offered
+    assert len(listed(OfferingNodes(), node())) == 50  # never assigned: every profile
 
 
 def test_which_nodes_offer_follows_the_rounds_and_each_change_is_told() -> None:
@@ -187,3 +206,26 @@ def test_a_repaired_offering_spec_stays_offering() -> None:
     body["status"]["observedPlanId"] = "p0"
     repaired = refused_spec_repair(MigNode.model_validate(body), 2)
     assert repaired == MigNodeSpec(plan_id="p0", allocation="Offer")
+
+
+async def test_a_node_is_handed_back_only_once_every_placement_a_claim_holds_is_made() -> None:
+    """A claim allocated GPU 1's whole placement from the pool, not prepared yet: reactive
+    mode's slice would not list it (nor count it), so the node keeps offering, and the round
+    plans nothing, until the agent made it."""
+    body = mignode("a", 1)
+    body["spec"] = offer_spec("p0").model_dump(by_alias=True, exclude_none=True)
+    effects = InMemoryEffects(mignodes={"a": body})
+    state = offering_state(effects)
+    state.offer_publishing = False  # the policy's mode in effect is Reactive now
+    state.offers.claim_changed("ADDED", held("c1", "a", "gpu-1-7g80gb-0"))
+    await run(state, world({"a": body}, [claim("c2", "3g.40gb")]))
+    assert effects.specs == []
+    made = mignode("a", 2, gpus=[gpu(0), gpu(1, ("7g.80gb", 0, "Prepared"))])
+    made["spec"] = body["spec"]
+    await run(state, world({"a": made}, [claim("c2", "3g.40gb")]))
+    [(_, handed)] = effects.specs
+    assert handed.allocation is None
+    assert [(g.index, [(i.profile, i.start) for i in g.instances]) for g in handed.gpus] == [
+        (0, []),
+        (1, [("7g.80gb", 0)]),
+    ]
