@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
     from migpart.agent.backend import GpuInfo, MigInstance, NvmlBackend
-    from migpart.agent.checkpoint import Checkpoint
+    from migpart.agent.checkpoint import Checkpoint, UnusableReason
     from migpart.api.models import InstanceStateName
     from migpart.mig import ModelTable
 
@@ -221,6 +221,16 @@ class Failure:
         return self.status.message
 
 
+def _failure(
+    gpu: int, inst: Instance, reason: UnusableReason, message: str, code: int | None = None
+) -> Failure:
+    """`inst` not made on `gpu`, and why (the message cut to what the status field holds)."""
+    status = FailedInstance(
+        gpu=gpu, profile=inst.profile, start=inst.start, reason=reason, message=message[:1024]
+    )
+    return Failure(status, code)
+
+
 async def create_guarded(
     backend: NvmlBackend, checkpoint: Checkpoint, table: ModelTable, gpu: int, inst: Instance
 ) -> Failure | None:
@@ -252,15 +262,7 @@ async def create_locked(
             start=inst.start,
             reason=message,
         )
-        return Failure(
-            FailedInstance(
-                gpu=gpu,
-                profile=inst.profile,
-                start=inst.start,
-                reason="Overlap",
-                message=message,
-            )
-        )
+        return _failure(gpu, inst, "Overlap", message)
     try:
         await backend.create(gpu, inst.profile, inst.start)
     except NvmlFailure as err:
@@ -274,14 +276,7 @@ async def create_locked(
             error=str(err),
             code=err.code,
         )
-        status = FailedInstance(
-            gpu=gpu,
-            profile=inst.profile,
-            start=inst.start,
-            reason="NvmlError",
-            message=str(err)[:1024],
-        )
-        return Failure(status, err.code)
+        return _failure(gpu, inst, "NvmlError", str(err), err.code)
     log.info("mig_instance_created", gpu=gpu, profile=inst.profile, start=inst.start)
     return None
 
@@ -342,15 +337,7 @@ async def make_placement_locked(
     blocked = await make_room_locked(backend, checkpoint, table, gpu, inst, destroyed)
     if blocked is None:
         return await create_locked(backend, table, gpu, inst)
-    return Failure(
-        FailedInstance(
-            gpu=gpu,
-            profile=inst.profile,
-            start=inst.start,
-            reason="Overlap",
-            message=blocked[:1024],
-        )
-    )
+    return _failure(gpu, inst, "Overlap", blocked)
 
 
 async def reconcile_once(

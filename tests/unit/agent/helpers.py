@@ -1,5 +1,6 @@
-"""What the agent tests share: a GPU's layout as (profile, start) pairs, a claim prepared on an
-instance as the kubelet plugin records it, and an agent running for the length of a block."""
+"""What the agent tests share: a GPU's layout as (profile, start) pairs, a spec of one GPU from
+such pairs, a claim prepared on an instance as the kubelet plugin records it, and an agent
+running for the length of a block."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec
 from migpart.dra import DRIVER
 from migpart.mig import device_name
 
@@ -20,6 +22,16 @@ if TYPE_CHECKING:
 
 async def layout(sim: NvmlBackend, gpu: int = 0) -> list[tuple[str, int]]:
     return [(i.profile, i.start) for i in await sim.instances(gpu)]
+
+
+def one_gpu(plan: str, *instances: tuple[str, int]) -> MigNodeSpec:
+    """Spec `plan`: GPU 0 holds `instances`, (profile, start) pairs."""
+    return MigNodeSpec(
+        plan_id=plan,
+        gpus=[
+            GpuSpec(index=0, instances=[MigInstanceSpec(profile=p, start=s) for p, s in instances])
+        ],
+    )
 
 
 def prepare(checkpoint: Checkpoint, uid: str, inst: MigInstance) -> None:

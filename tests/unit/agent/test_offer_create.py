@@ -18,11 +18,11 @@ from migpart.agent.plugin import ClaimRef, DraDriver, PrepareError
 from migpart.agent.reconciler import reconcile_once
 from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
-from migpart.api.models import FailedInstance, GpuSpec, MigInstanceSpec, MigNodeSpec
+from migpart.api.models import FailedInstance
 from migpart.dra import DRIVER, AllocatedDevice
 from migpart.testing.claims import InMemoryClaims
 from migpart.testing.mignodes import InMemoryMigNodes
-from tests.unit.agent.helpers import layout, prepare
+from tests.unit.agent.helpers import layout, one_gpu, prepare
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -30,15 +30,6 @@ if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint
 
 NODE = "node-a"
-
-
-def one_gpu(plan: str, *instances: tuple[str, int]) -> MigNodeSpec:
-    return MigNodeSpec(
-        plan_id=plan,
-        gpus=[
-            GpuSpec(index=0, instances=[MigInstanceSpec(profile=p, start=s) for p, s in instances])
-        ],
-    )
 
 
 async def test_a_placement_over_a_kept_instance_is_refused_without_nvml(

@@ -11,25 +11,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from migpart.agent.metrics import AgentMetrics
 from migpart.agent.publishers import Overlap, device_plugin_resources, overlap_of
 from migpart.agent.runner import Agent
-from migpart.api.models import (
-    PUBLISHER_OVERLAP,
-    Condition,
-    GpuSpec,
-    MigInstanceSpec,
-    MigNodeSpec,
-    MigNodeStatus,
-)
+from migpart.api.models import PUBLISHER_OVERLAP, Condition, MigNodeStatus
 from migpart.commands.agent import config_from, parser
 from migpart.testing.mignodes import InMemoryMigNodes
+from tests.unit.agent.helpers import one_gpu
 
 if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint
     from migpart.agent.simulator import SimulatedNvml
-
-
-def one_gpu(plan: str, profile: str, start: int) -> MigNodeSpec:
-    instances = [MigInstanceSpec(profile=profile, start=start)]
-    return MigNodeSpec(plan_id=plan, gpus=[GpuSpec(index=0, instances=instances)])
 
 
 DEVICE_PLUGIN = Overlap({"DevicePlugin": ("nvidia.com/mig-1g.10gb: 7",)})
@@ -115,7 +104,7 @@ async def test_an_overlapping_node_is_not_touched_and_says_why(
     """With the device plugin present, a spec that creates and one that destroys are both
     left undone: the instances the other publisher may have handed out stay."""
     await sim.create(0, "3g.40gb", 4)  # made before migpart, maybe in use by the plugin's pod
-    store = InMemoryMigNodes(one_gpu("p1", "7g.80gb", 0))
+    store = InMemoryMigNodes(one_gpu("p1", ("7g.80gb", 0)))
     probe = Probe(DEVICE_PLUGIN)
     a = agent(sim, checkpoint, store, probe)
     await a.reconcile()
@@ -145,7 +134,7 @@ async def test_an_overlapping_node_is_not_touched_and_says_why(
 async def test_a_failed_check_keeps_the_last_verdict(
     sim: SimulatedNvml, checkpoint: Checkpoint
 ) -> None:
-    store = InMemoryMigNodes(one_gpu("p1", "7g.80gb", 0))
+    store = InMemoryMigNodes(one_gpu("p1", ("7g.80gb", 0)))
     probe = Probe(DEVICE_PLUGIN)
     a = agent(sim, checkpoint, store, probe)
     await a.reconcile()
@@ -158,7 +147,7 @@ async def test_a_failed_check_keeps_the_last_verdict(
 async def test_the_override_manages_the_node_and_says_so(
     sim: SimulatedNvml, checkpoint: Checkpoint
 ) -> None:
-    store = InMemoryMigNodes(one_gpu("p1", "7g.80gb", 0))
+    store = InMemoryMigNodes(one_gpu("p1", ("7g.80gb", 0)))
     a = agent(sim, checkpoint, store, Probe(DEVICE_PLUGIN), allow=True)
     await a.reconcile()
     assert [(i.profile, i.start) for i in await sim.instances(0)] == [("7g.80gb", 0)]

@@ -13,24 +13,15 @@ from migpart.agent.kube import status_patch
 from migpart.agent.metrics import AgentMetrics, HealthServer
 from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
-from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec, MigNodeStatus
+from migpart.api.models import MigNodeSpec, MigNodeStatus
 from migpart.commands.agent import config_from, parser
 from migpart.dra import DRIVER
 from migpart.testing.mignodes import InMemoryMigNodes
 from tests.unit.agent.conftest import H100, H200
-from tests.unit.agent.helpers import running
+from tests.unit.agent.helpers import one_gpu, running
 
 if TYPE_CHECKING:
     from migpart.agent.checkpoint import Checkpoint
-
-
-def one_gpu(plan: str, *instances: tuple[str, int]) -> MigNodeSpec:
-    return MigNodeSpec(
-        plan_id=plan,
-        gpus=[
-            GpuSpec(index=0, instances=[MigInstanceSpec(profile=p, start=s) for p, s in instances])
-        ],
-    )
 
 
 async def test_loop_follows_spec_changes_and_serves_metrics(
