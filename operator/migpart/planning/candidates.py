@@ -67,6 +67,19 @@ class ResolvedRequest:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What a request is resolved against: DeviceClass name -> body, GPU model -> profile table
+    (the models of the policy's nodes), the policy, the selectors' evaluator, and the policy's
+    name for the reasons."""
+
+    classes: Mapping[str, Mapping[str, Any]]
+    tables: Mapping[str, ModelTable]
+    policy: PolicyView
+    selectors: Selectors
+    policy_name: str = ""
+
+
 def _size_key(p: Profile) -> tuple[int, int, bool, int, str]:
     return (p.memory_slices, p.compute_slices, "+" in p.name, p.memory_mib, p.name)
 
@@ -101,18 +114,11 @@ def is_ours(
     return any(v is True for t in tables.values() for _, v in selectors.verdicts(expressions, t))
 
 
-def _candidates(
-    name: str,
-    body: Mapping[str, Any],
-    classes: Mapping[str, Mapping[str, Any]],
-    tables: Mapping[str, ModelTable],
-    policy: PolicyView,
-    policy_name: str,
-    selectors: Selectors,
-) -> ResolvedRequest | None:
+def _candidates(name: str, body: Mapping[str, Any], ctx: RequestContext) -> ResolvedRequest | None:
     """Resolve one `exactly` request or one `firstAvailable` alternative; None if not ours."""
+    tables, selectors = ctx.tables, ctx.selectors
     class_name = body.get("deviceClassName", "")
-    device_class = classes.get(class_name)
+    device_class = ctx.classes.get(class_name)
     if device_class is None or not is_ours(device_class, tables, selectors):
         return None
     if body.get("adminAccess"):
@@ -142,14 +148,14 @@ def _candidates(
                 )
             if not ok:
                 continue
-            if policy.permits(profile.name):
+            if ctx.policy.permits(profile.name):
                 by_model.setdefault(model, []).append(profile.name)
             else:
                 forbidden.append(profile.name)
     if not by_model:
         wanted = " && ".join(req_sel) or f"device class {class_name}"
         models = ", ".join(sorted(tables))
-        who = f"policy {policy_name}" if policy_name else "the policy"
+        who = f"policy {ctx.policy_name}" if ctx.policy_name else "the policy"
         reason = f"request {name}: no MIG profile of {models} allowed by {who} satisfies {wanted}"
         if forbidden:
             names = ", ".join(dict.fromkeys(forbidden))
@@ -158,27 +164,18 @@ def _candidates(
     return ResolvedRequest(name, {m: tuple(ps) for m, ps in by_model.items()}, count)
 
 
-def resolve_request(
-    request: Mapping[str, Any],
-    classes: Mapping[str, Mapping[str, Any]],
-    tables: Mapping[str, ModelTable],
-    policy: PolicyView,
-    policy_name: str,
-    selectors: Selectors,
-) -> ResolvedRequest | None:
+def resolve_request(request: Mapping[str, Any], ctx: RequestContext) -> ResolvedRequest | None:
     """The candidates and count of one request of a claim (`spec.devices.requests[]`); None
     when it is not ours. Raises `Unservable` when it is ours and nothing can serve it."""
     name = str(request.get("name", ""))
     if request.get("exactly") is not None:
-        return _candidates(
-            name, request["exactly"], classes, tables, policy, policy_name, selectors
-        )
+        return _candidates(name, request["exactly"], ctx)
     alternatives: list[ResolvedRequest] = []
     failures: list[Unservable] = []
     for sub in request.get("firstAvailable") or []:
         sub_name = f"{name}/{sub.get('name', '')}"
         try:
-            need = _candidates(sub_name, sub, classes, tables, policy, policy_name, selectors)
+            need = _candidates(sub_name, sub, ctx)
         except Unservable as ex:
             failures.append(ex)
             continue

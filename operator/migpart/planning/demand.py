@@ -38,7 +38,13 @@ from typing import Any
 from migpart.dra import DRIVER
 from migpart.errors import SelectorError
 from migpart.mig.profiles import ModelTable
-from migpart.planning.candidates import ResolvedRequest, Selectors, Unservable, resolve_request
+from migpart.planning.candidates import (
+    RequestContext,
+    ResolvedRequest,
+    Selectors,
+    Unservable,
+    resolve_request,
+)
 from migpart.planning.model import PolicyView, Request
 
 _SAME_GPU_ATTRIBUTES = frozenset({"parentUUID", "gpuIndex"})
@@ -114,12 +120,10 @@ def claim_demand(
     if (claim.get("status") or {}).get("allocation"):
         return None
     devices = (claim.get("spec") or {}).get("devices") or {}
+    ctx = RequestContext(classes, tables, policy, selectors, policy_name)
     try:
         needs = [
-            n
-            for r in devices.get("requests") or []
-            if (n := resolve_request(r, classes, tables, policy, policy_name, selectors))
-            is not None
+            n for r in devices.get("requests") or [] if (n := resolve_request(r, ctx)) is not None
         ]
         if not needs:
             return None
