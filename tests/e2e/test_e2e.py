@@ -12,34 +12,23 @@ import yaml
 
 from migpart.dra import DRIVER
 from migpart.mig import device_name
+from migpart.testing.builders import profile_is
 from tests.e2e.conftest import H100, H200, Scenario, wait_s
+from tests.e2e.helpers import instances, one_free_whole_gpu
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def by_profile(profile: str) -> str:
-    return f'device.attributes["{DRIVER}"].profile == "{profile}"'
 
 
 def by_memory(quantity: str) -> str:
     return f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{quantity}")) >= 0'
 
 
-def instances(sc: Scenario, node: str, state: str | None = None) -> list[tuple[int, str, str]]:
-    return [
-        (g["index"], i["profile"], i["state"])
-        for g in sc.gpus(node)
-        for i in g.get("instances", [])
-        if state is None or i["state"] == state
-    ]
-
-
 def test_pending_pod_is_served_by_a_new_instance(scenario: Scenario) -> None:
     node = scenario.add_node(f"{H100}:1")
     assert instances(scenario, node) == []
     scenario.policy()
-    scenario.pod("p1", by_profile("3g.40gb"))
+    scenario.pod("p1", profile_is("3g.40gb"))
     devices = scenario.wait_served("p1")
     assert [(d["pool"], d["device"].rsplit("-", 1)[0]) for d in devices] == [(node, "gpu-0-3g40gb")]
     scenario.eventually(
@@ -54,7 +43,7 @@ def test_multi_device_claim_lands_on_one_node(scenario: Scenario) -> None:
     scenario.add_node(f"{H100}:1")
     scenario.add_node(f"{H100}:1")
     scenario.policy()
-    scenario.pod("trio", by_profile("2g.20gb"), count=3)
+    scenario.pod("trio", profile_is("2g.20gb"), count=3)
     devices = scenario.wait_served("trio")
     assert len(devices) == 3
     assert len({d["pool"] for d in devices}) == 1
@@ -65,8 +54,8 @@ def test_several_models_and_capacity_selectors(scenario: Scenario) -> None:
     h100 = scenario.add_node(f"{H100}:1")
     h200 = scenario.add_node(f"{H200}:1")
     scenario.policy()
-    scenario.pod("on-h200", by_profile("1g.18gb"))
-    scenario.pod("on-h100", by_profile("1g.10gb"))
+    scenario.pod("on-h200", profile_is("1g.18gb"))
+    scenario.pod("on-h100", profile_is("1g.10gb"))
     scenario.pod("big-memory", by_memory("60Gi"))
     assert scenario.wait_served("on-h200")[0]["pool"] == h200
     assert scenario.wait_served("on-h100")[0]["pool"] == h100
@@ -77,7 +66,7 @@ def test_dry_run_plans_and_changes_nothing(scenario: Scenario) -> None:
     node = scenario.add_node(f"{H100}:1")
     spec_before = scenario.mignode(node).get("spec")
     scenario.policy(mode="DryRun")
-    scenario.pod("dry", by_profile("1g.10gb"))
+    scenario.pod("dry", profile_is("1g.10gb"))
 
     def reported() -> bool:
         last = (scenario.get("gpp", scenario.pool).get("status") or {}).get("lastPlan")
@@ -111,7 +100,7 @@ def test_max_concurrent_nodes_is_respected(scenario: Scenario) -> None:
     watcher.start()
     try:
         for i in range(3):
-            scenario.pod(f"whole-{i}", by_profile("7g.80gb"))
+            scenario.pod(f"whole-{i}", profile_is("7g.80gb"))
         served = {scenario.wait_served(f"whole-{i}", 180)[0]["pool"] for i in range(3)}
     finally:
         done.set()
@@ -142,7 +131,7 @@ def test_a_finished_pod_frees_its_device_for_reuse(scenario: Scenario, ending: s
     instance, with no repartition."""
     node = scenario.add_node(f"{H100}:1")
     scenario.policy()
-    scenario.pod("first", by_profile("4g.40gb"), run_s=5 if ending == "exited" else None)
+    scenario.pod("first", profile_is("4g.40gb"), run_s=5 if ending == "exited" else None)
     first = scenario.wait_served("first")
     plan_id = scenario.mignode(node)["spec"]["planId"]
     if ending == "deleted":
@@ -153,7 +142,7 @@ def test_a_finished_pod_frees_its_device_for_reuse(scenario: Scenario, ending: s
         "the instance is free again",
         lambda: instances(scenario, node, "Free") == [(0, "4g.40gb", "Free")],
     )
-    scenario.pod("second", by_profile("4g.40gb"))
+    scenario.pod("second", profile_is("4g.40gb"))
     second = scenario.wait_served("second")
     assert second[0]["device"] == first[0]["device"]
     assert scenario.mignode(node)["spec"]["planId"] == plan_id  # reused, no repartition
@@ -163,16 +152,9 @@ def test_allocation_racing_a_withdrawal_never_loses_a_device(scenario: Scenario)
     """A free 7g.80gb is both what one new pod wants as is and what migpart must destroy to
     serve another pod's 1g.10gb. Whichever wins, nothing allocated is destroyed (the monitor
     of the `scenario` fixture checks that throughout)."""
-    node = scenario.add_node(f"{H100}:1", sim_latency_ms=100)
-    scenario.policy()
-    scenario.pod("warmup", by_profile("7g.80gb"))
-    scenario.wait_served("warmup")
-    scenario.finish("warmup")
-    scenario.eventually(
-        "the 7g.80gb is free", lambda: instances(scenario, node, "Free") == [(0, "7g.80gb", "Free")]
-    )
-    scenario.pod("small", by_profile("1g.10gb"))
-    scenario.pod("whole", by_profile("7g.80gb"))
+    node = one_free_whole_gpu(scenario)
+    scenario.pod("small", profile_is("1g.10gb"))
+    scenario.pod("whole", profile_is("7g.80gb"))
     scenario.eventually(
         "one of the two racing pods served",
         lambda: bool(scenario.allocated("small")) or bool(scenario.allocated("whole")),
@@ -219,7 +201,7 @@ def test_cdi_ids_given_to_the_runtime_name_the_allocated_instance(scenario: Scen
     reports that instance prepared for that claim."""
     node = scenario.add_node(f"{H100}:1")
     scenario.policy()
-    scenario.pod("cdi", by_profile("3g.40gb"))
+    scenario.pod("cdi", profile_is("3g.40gb"))
     [device] = scenario.wait_served("cdi")
     pod = scenario.get("pod", "cdi", "-n", scenario.namespace)
     claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from migpart.dra import DRIVER
 from migpart.testbed.build import kube_version
-from migpart.testing.builders import POOL_LABEL
+from migpart.testing.builders import POOL_LABEL, profile_is
 from tests.e2e.conftest import H100, Scenario, wait_s
-from tests.e2e.test_e2e import by_profile, instances
+from tests.e2e.helpers import instances, mig_slice
 
 pytestmark = pytest.mark.e2e
 HOST_SETTINGS = (Path("/proc/sys/vm/overcommit_memory"), Path("/proc/sys/kernel/panic"))
@@ -52,7 +50,7 @@ def test_kubelet_restart_wipes_the_slice_migpart_republishes_and_pods_keep_devic
     kubelet finds its container in the runtime and creates none again."""
     node = scenario.add_node(f"{H100}:1")
     scenario.policy(spares=[{"profile": "1g.10gb", "count": 1}])
-    scenario.pod("steady", by_profile("1g.10gb"))
+    scenario.pod("steady", profile_is("1g.10gb"))
     devices = scenario.wait_served("steady")
     scenario.eventually(
         "the spare 1g.10gb published next to the allocated one",
@@ -72,7 +70,7 @@ def test_kubelet_restart_wipes_the_slice_migpart_republishes_and_pods_keep_devic
     assert scenario.allocated("steady") == devices
     assert (0, "1g.10gb", "Prepared") in instances(scenario, node)
     assert len(kubelet.created_containers()) == created
-    scenario.pod("after", by_profile("1g.10gb"))
+    scenario.pod("after", profile_is("1g.10gb"))
     assert scenario.wait_served("after")[0]["pool"] == node
 
 
@@ -91,21 +89,13 @@ def test_killed_agent_slice_is_wiped_not_republished_and_back_with_the_agent(
     scenario.eventually(
         "the kubelet wiped the slice", lambda: mig_slice(scenario, node) is None, 120
     )
-    scenario.pod("waits", by_profile("2g.20gb"))
+    scenario.pod("waits", profile_is("2g.20gb"))
     wait_s(5)  # a republished slice or a binding would show by now
     assert mig_slice(scenario, node) is None
     assert scenario.get("pod", "waits", "-n", scenario.namespace)["spec"].get("nodeName") is None
     scenario.cluster.start_agent(node)
     assert scenario.wait_served("waits")[0]["pool"] == node
     assert published(scenario, node) != []
-
-
-def mig_slice(scenario: Scenario, node: str) -> dict[str, Any] | None:
-    """The node's ResourceSlice of our driver, if any."""
-    items = scenario.get("resourceslices", f"--field-selector=spec.nodeName={node}")["items"]
-    ours = [s for s in items if s["spec"]["driver"] == DRIVER]
-    assert len(ours) <= 1, ours
-    return ours[0] if ours else None
 
 
 def published(scenario: Scenario, node: str) -> list[str]:

@@ -27,17 +27,15 @@ from migpart.demo.cluster import OPERATOR_NAMESPACE, LocalCluster
 from migpart.dra import DRIVER
 from migpart.kube.election import MANAGER_PREFIX
 from migpart.mig import device_name
+from migpart.testing.builders import profile_is
 from tests.e2e.conftest import H100, LEASE_TIMEOUT_S, Scenario, wait_s
+from tests.e2e.helpers import one_free_whole_gpu
 
 pytestmark = pytest.mark.e2e
 MANAGER = MANAGER_PREFIX
 # the destroy protocol's grace: long enough to freeze the leader inside its destroy window
 GRACE_S = 6
 _pairs = itertools.count(1)
-
-
-def by_profile(profile: str) -> str:
-    return f'device.attributes["{DRIVER}"].profile == "{profile}"'
 
 
 @dataclass
@@ -121,8 +119,8 @@ def test_two_operators_started_together_only_the_leader_writes(
     leader, standby = pair.leader()
     node = scenario.add_node(f"{H100}:1")
     scenario.policy()
-    scenario.pod("p1", by_profile("3g.40gb"))
-    scenario.pod("p2", by_profile("2g.20gb"))
+    scenario.pod("p1", profile_is("3g.40gb"))
+    scenario.pod("p2", profile_is("2g.20gb"))
     scenario.wait_served("p1")
     scenario.wait_served("p2")
     assert set(writers(scenario, [node])) == {leader}
@@ -141,11 +139,11 @@ def test_the_standby_serves_a_pending_pod_after_the_leader_is_killed(
     leader, standby = pair.leader()
     node = scenario.add_node(f"{H100}:1")
     scenario.policy()
-    scenario.pod("first", by_profile("3g.40gb"))
+    scenario.pod("first", profile_is("3g.40gb"))
     scenario.wait_served("first")
     term = scenario.mignode(node)["spec"]["leaderTerm"]
     pair.cluster.end_operator(leader, kill=True)  # SIGKILL: the Lease is not released
-    scenario.pod("second", by_profile("3g.40gb"))
+    scenario.pod("second", profile_is("3g.40gb"))
     scenario.wait_served("second", timeout_s=180)
     assert pair.holder() == standby
     spec = scenario.mignode(node)["spec"]
@@ -180,17 +178,9 @@ def test_a_leader_frozen_in_its_destroy_window_writes_nothing_when_it_wakes(
     pair: Pair, scenario: Scenario
 ) -> None:
     leader, standby = pair.leader()
-    node = scenario.add_node(f"{H100}:1", sim_latency_ms=100)
-    scenario.policy()
-    scenario.pod("warmup", by_profile("7g.80gb"))
-    scenario.wait_served("warmup")
-    scenario.finish("warmup")
-    scenario.eventually(
-        "the 7g.80gb free",
-        lambda: [i["state"] for g in scenario.gpus(node) for i in g["instances"]] == ["Free"],
-    )
+    node = one_free_whole_gpu(scenario)
     # serving a 1g.10gb destroys the free 7g.80gb: the leader withdraws it, then waits GRACE_S
-    scenario.pod("small", by_profile("1g.10gb"))
+    scenario.pod("small", profile_is("1g.10gb"))
     scenario.eventually(
         "the leader in its destroy window", lambda: in_destroy_window(scenario, node)
     )

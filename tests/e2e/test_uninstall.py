@@ -24,9 +24,9 @@ from migpart.api.models import GROUP
 from migpart.demo.cluster import LocalCluster
 from migpart.dra import DRIVER
 from migpart.testbed.build import kube_version
+from migpart.testing.builders import profile_is
 from tests.e2e.conftest import H100, InvariantMonitor, Scenario, wait_s
-from tests.e2e.test_e2e import by_profile, instances
-from tests.e2e.test_kubelet import mig_slice
+from tests.e2e.helpers import instances, mig_slice
 from tests.testbeds import running_testbed
 from tests.tools import CHART, IMAGE_VALUES, run
 
@@ -72,7 +72,7 @@ def test_uninstall_leaves_running_pods_their_devices(scenario: Scenario) -> None
     tb.kubectl("create", "namespace", scenario.namespace)
     node = scenario.add_node(f"{H100}:1")
     scenario.policy()
-    scenario.pod("served", by_profile("3g.40gb"))
+    scenario.pod("served", profile_is("3g.40gb"))
     devices = scenario.wait_served("served")
     assert (0, "3g.40gb", "Prepared") in instances(scenario, node)
 
@@ -95,7 +95,7 @@ def test_uninstall_leaves_running_pods_their_devices(scenario: Scenario) -> None
     scenario.eventually("the kubelet wiped the slice", lambda: mig_slice(scenario, node) is None)
 
     # A new claim of the DeviceClass cannot be allocated: the pod waits.
-    scenario.pod("after", by_profile("1g.10gb"))
+    scenario.pod("after", profile_is("1g.10gb"))
     wait_s(5)  # a binding would show by now
     assert scenario.get("pod", "after", "-n", scenario.namespace)["spec"].get("nodeName") is None
 
