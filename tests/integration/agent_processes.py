@@ -1,6 +1,8 @@
 """Real `migpart agent --simulate` processes on the testbed, for tests that kill an agent or
-lose one of its GPUs (a file the simulator reads), an agent served in the test's own process
-(`running_agent`), and helpers that read what they and the operator wrote."""
+lose one of its GPUs (a file the simulator reads): two such nodes under a policy that
+reconfigures one node at a time, the first holding the slot (`two_agents`, `slot_held_by_a`);
+an agent served in the test's own process (`running_agent`), and helpers that read what they
+and the operator wrote."""
 
 from __future__ import annotations
 
@@ -23,12 +25,10 @@ from migpart.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     H100,
-    PROFILE_IS,
     apply,
-    claim_body,
     eventually,
     get_or_none,
-    pending_pod,
+    pending_claim,
     policy_body,
 )
 from tests.stopping import stop_process, stop_task
@@ -107,6 +107,34 @@ def agents_fixture(cluster: Testbed, tmp_path: Path) -> Iterator[dict[str, Agent
         print(agent.log_path.read_text()[-3000:])  # shown when the test failed
 
 
+def two_agents(
+    bed: Testbed,
+    agents: dict[str, AgentProcess],
+    root: Path,
+    name: str,
+    a_latency_ms: int,
+    *a_flags: str,
+) -> tuple[str, str]:
+    """Nodes NAME-a and NAME-b (labelled migpart-test=NAME and NAME-node=a or b), each with
+    its agent process in `agents`; a's NVML takes `a_latency_ms` a call (`a_flags`: more flags
+    of its agent), b's none."""
+    a, b = f"{name}-a", f"{name}-b"
+    for node, which in ((a, "a"), (b, "b")):
+        bed.add_node(node, {"migpart-test": name, f"{name}-node": which})
+    agents[a] = AgentProcess(bed, a, root, a_latency_ms, *a_flags)
+    agents[b] = AgentProcess(bed, b, root, 0)
+    return a, b
+
+
+def slot_held_by_a(bed: Testbed, name: str, a: str, b: str) -> str:
+    """With the operator running, over the nodes of `two_agents`: the policy NAME reconfiguring
+    one node at a time, and claim NAME-a of a 1g.10gb pending on a, whose spec takes the slot.
+    Returns the planId of a's spec, not yet carried out."""
+    one_slot_policy(bed, name, {"migpart-test": name}, a, b)
+    pending_claim(bed, a, "1g.10gb", {f"{name}-node": "a"})
+    return spec_under_way(bed, a, "1g.10gb")
+
+
 def mignode(bed: Testbed, node: str) -> dict[str, Any]:
     return get_or_none(bed, "mignode", node) or {}
 
@@ -133,12 +161,6 @@ def one_slot_policy(bed: Testbed, name: str, labels: dict[str, str], *nodes: str
         eventually(lambda n=node: (mignode(bed, n).get("status") or {}).get("gpus"), timeout=90)  # type: ignore[misc]
     reconfiguration = {"batchWindowSeconds": 0, "maxConcurrentNodes": 1}
     apply(bed, policy_body(name, labels, reconfiguration=reconfiguration))
-
-
-def pending_claim(bed: Testbed, name: str, profile: str, node_selector: dict[str, str]) -> None:
-    """A claim for one `profile` device and a pod using it, pending on the selected node."""
-    apply(bed, claim_body(name, "default", PROFILE_IS.format(profile)))
-    pending_pod(bed, name, "default", name, node_selector)
 
 
 def spec_under_way(bed: Testbed, node: str, profile: str) -> str:

@@ -2,8 +2,9 @@
 running in-process (kopf on its own event loop in a background thread) against it.
 
 Helpers here write objects the way the other actors would: `put_mignode` as the agent
-(status through the status subresource), `mark_unschedulable` as kube-scheduler (pods/status),
-`allocate` as kube-scheduler's allocation (resourceclaims/status).
+(status through the status subresource), `pending_pod` as kube-scheduler leaves an
+unschedulable pod (pods/status), `allocate` as kube-scheduler's allocation
+(resourceclaims/status).
 """
 
 from __future__ import annotations
@@ -79,17 +80,46 @@ def eventually(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.2
 PROFILE_IS = profile_is("{}")
 
 
-def events(bed: Testbed, name: str, namespace: str = "") -> list[dict[str, Any]]:
-    """The Events about objects named `name` (in `namespace`, or in all namespaces). Some
-    control-plane Events name no object (an empty `involvedObject`): they are about none."""
+def events(bed: Testbed, name: str, namespace: str = "", reason: str = "") -> list[dict[str, Any]]:
+    """The Events about objects named `name` (in `namespace`, or in all namespaces), only those
+    of `reason` when one is given. Some control-plane Events name no object (an empty
+    `involvedObject`): they are about none."""
     scope = ["-n", namespace] if namespace else ["-A"]
     items = json.loads(bed.kubectl("get", "events", *scope, "-o", "json"))["items"]
-    return [e for e in items if (e.get("involvedObject") or {}).get("name") == name]
+    return [
+        e
+        for e in items
+        if (e.get("involvedObject") or {}).get("name") == name
+        and (not reason or e["reason"] == reason)
+    ]
 
 
 def get(bed: Testbed, *args: str) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(bed.kubectl("get", *args, "-o", "json"))
     return out
+
+
+def policy_status(bed: Testbed, name: str) -> dict[str, Any]:
+    """GpuPartitionPolicy `name`'s status ({} before the operator writes one)."""
+    status: dict[str, Any] = get(bed, "gpupartitionpolicy", name).get("status") or {}
+    return status
+
+
+def mignode_spec(bed: Testbed, node: str) -> dict[str, Any]:
+    """MigNode `node`'s spec ({} before the operator writes one)."""
+    spec: dict[str, Any] = get(bed, "mignode", node).get("spec") or {}
+    return spec
+
+
+def planned_spec(bed: Testbed, node: str) -> dict[str, Any]:
+    """MigNode `node`'s spec once the operator has planned the node (it names a planId)."""
+
+    def planned() -> dict[str, Any]:
+        spec = mignode_spec(bed, node)
+        assert spec.get("planId")
+        return spec
+
+    return eventually(planned)
 
 
 def get_or_none(bed: Testbed, *args: str) -> dict[str, Any] | None:
@@ -139,6 +169,15 @@ def put_mignode(
     )
 
 
+def add_mignode(
+    bed: Testbed, name: str, labels: dict[str, str], gpus: list[GpuStatus] | None = None
+) -> None:
+    """Node `name` with `labels`, and its MigNode as its agent writes it: `gpus`, by default
+    one empty H100."""
+    bed.add_node(name, labels)
+    put_mignode(bed, name, [gpu_status(0, [])] if gpus is None else gpus)
+
+
 def renew_lease(bed: Testbed, node: str) -> None:
     """Renew the node's heartbeat Lease now, as its agent would (migpart.agent.lease)."""
     apply(
@@ -179,6 +218,21 @@ def pending_pod(
         "0/1 nodes are available: cannot allocate all claims"
     )
     patch_status(bed, "pod", name, unschedulable.obj()["status"], "-n", namespace)
+
+
+def pending_claim(
+    bed: Testbed,
+    name: str,
+    profile: str,
+    node_selector: dict[str, str] | None = None,
+    *,
+    pod: str = "",
+    priority_class: str | None = None,
+) -> None:
+    """Claim `name` (in default) for one `profile` device, and a pending pod using it, named
+    `pod` or as the claim (`pending_pod`)."""
+    apply(bed, claim_body(name, "default", PROFILE_IS.format(profile)))
+    pending_pod(bed, pod or name, "default", name, node_selector, priority_class)
 
 
 def allocate(bed: Testbed, claim: str, namespace: str, node: str, device: str) -> None:

@@ -17,15 +17,15 @@ from migpart.testbed import Testbed, TestbedError
 from tests.integration.conftest import (
     PROFILE_IS,
     RunningOperator,
+    add_mignode,
     apply,
     claim_body,
     events,
     eventually,
-    get,
-    gpu_status,
     pending_pod,
+    planned_spec,
     policy_body,
-    put_mignode,
+    policy_status,
 )
 
 pytestmark = pytest.mark.integration
@@ -88,8 +88,7 @@ def test_bad_claims_are_told_why_and_a_good_claim_is_served(
     cluster: Testbed, operator: RunningOperator
 ) -> None:
     node = "bad-claims-node"
-    cluster.add_node(node, LABELS)
-    put_mignode(cluster, node, [gpu_status(0, [])])
+    add_mignode(cluster, node, LABELS)
     # A class of another driver: its claims are that driver's business, not migpart's.
     apply(
         cluster,
@@ -114,19 +113,14 @@ def test_bad_claims_are_told_why_and_a_good_claim_is_served(
         policy_body("bad-claims", LABELS, reconfiguration={"batchWindowSeconds": 2}),
     )
 
-    def planned() -> dict[str, Any]:
-        spec = get(cluster, "mignode", node).get("spec") or {}
-        assert spec.get("planId")
-        return spec
-
-    spec = planned_spec = eventually(planned)
+    spec = planned_spec(cluster, node)
     profiles = [i["profile"] for g in spec["gpus"] for i in g["instances"]]
-    assert profiles == ["3g.40gb"], planned_spec
+    assert profiles == ["3g.40gb"], spec
 
     for name, (_, words) in BAD.items():
 
         def warned(name: str = name) -> dict[str, Any]:
-            found = [e for e in events(cluster, name, "default") if e["reason"] == "Unsatisfiable"]
+            found = events(cluster, name, "default", reason="Unsatisfiable")
             assert len(found) == 1, (name, found)
             return found[0]
 
@@ -140,7 +134,7 @@ def test_bad_claims_are_told_why_and_a_good_claim_is_served(
     assert not events(cluster, "good", "default")
 
     def reported() -> dict[str, Any]:
-        status = get(cluster, "gpupartitionpolicy", "bad-claims").get("status") or {}
+        status = policy_status(cluster, "bad-claims")
         assert status.get("lastPlan", {}).get("planId") == spec["planId"]
         return status
 

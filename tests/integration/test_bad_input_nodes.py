@@ -14,16 +14,17 @@ from migpart.api.models import GpuStatus, MigInstanceStatus, MigNodeStatus
 from migpart.testbed import Testbed
 from migpart.testing.builders import MigNodeBuilder
 from tests.integration.conftest import (
-    PROFILE_IS,
     RunningOperator,
+    add_mignode,
     apply,
-    claim_body,
     events,
     eventually,
     get,
     gpu_status,
-    pending_pod,
+    pending_claim,
+    planned_spec,
     policy_body,
+    policy_status,
     put_mignode,
 )
 
@@ -78,23 +79,16 @@ def test_hostile_nodes_are_left_out_and_a_sound_node_is_served(
     for name, (gpus, _) in HOSTILE.items():
         cluster.add_node(name, LABELS)
         _put_status_from_file(cluster, name, gpus, tmp_path)
-    cluster.add_node("sound", LABELS)
-    put_mignode(cluster, "sound", [gpu_status(0, [])])
+    add_mignode(cluster, "sound", LABELS)
     for i, profile in enumerate(("3g.40gb", "3g.40gb")):
-        apply(cluster, claim_body(f"hostile-claim-{i}", "default", PROFILE_IS.format(profile)))
-        pending_pod(cluster, f"hostile-pod-{i}", "default", f"hostile-claim-{i}", LABELS)
+        pending_claim(cluster, f"hostile-claim-{i}", profile, LABELS, pod=f"hostile-pod-{i}")
     apply(cluster, policy_body("hostile", LABELS, reconfiguration={"batchWindowSeconds": 0}))
 
-    def planned() -> dict[str, Any]:
-        spec = get(cluster, "mignode", "sound").get("spec") or {}
-        assert spec.get("planId")
-        return spec
-
-    spec = eventually(planned)
+    spec = planned_spec(cluster, "sound")
     assert [i["profile"] for i in spec["gpus"][0]["instances"]] == ["3g.40gb", "3g.40gb"]
 
     def excluded() -> dict[str, Any]:
-        status = get(cluster, "gpupartitionpolicy", "hostile").get("status") or {}
+        status = policy_status(cluster, "hostile")
         (condition,) = [c for c in status.get("conditions", []) if c["type"] == "NodesExcluded"]
         assert condition["status"] == "True"
         return {"status": status, "condition": condition}
@@ -109,7 +103,7 @@ def test_hostile_nodes_are_left_out_and_a_sound_node_is_served(
         assert "spec" not in get(cluster, "mignode", name)
 
         def warned(name: str = name) -> dict[str, Any]:
-            (event,) = [e for e in events(cluster, name) if e["reason"] == "NodeExcluded"]
+            (event,) = events(cluster, name, reason="NodeExcluded")
             return event
 
         event = eventually(warned)
@@ -121,7 +115,7 @@ def test_hostile_nodes_are_left_out_and_a_sound_node_is_served(
     put_mignode(cluster, "hostile-overlap", [gpu_status(0, [])])
 
     def cleared() -> dict[str, Any]:
-        status = get(cluster, "gpupartitionpolicy", "hostile").get("status") or {}
+        status = policy_status(cluster, "hostile")
         assert status["nodes"] == 2
         (condition,) = [c for c in status["conditions"] if c["type"] == "NodesExcluded"]
         assert "hostile-overlap" not in condition["message"]

@@ -21,19 +21,13 @@ from tests.integration.agent_processes import (
     agents_fixture,  # noqa: F401 - the `agents` fixture
     devices,
     mignode,
-    one_slot_policy,
-    pending_claim,
     planned,
-    spec_under_way,
+    slot_held_by_a,
+    two_agents,
 )
-from tests.integration.conftest import (
-    eventually,
-    running_operator,
-)
+from tests.integration.conftest import eventually, pending_claim, running_operator
 
 pytestmark = pytest.mark.integration
-
-LABEL = {"migpart-test": "gpu-lost"}
 
 
 def _status(bed: Testbed, node: str) -> dict[str, Any]:
@@ -43,20 +37,14 @@ def _status(bed: Testbed, node: str) -> dict[str, Any]:
 def test_a_gpu_lost_mid_spec_frees_the_slot_and_comes_back(
     cluster: Testbed, agents: dict[str, AgentProcess], tmp_path: Path
 ) -> None:
-    a, b = "lost-a", "lost-b"
-    cluster.add_node(a, {**LABEL, "lost-node": "a"})
-    cluster.add_node(b, {**LABEL, "lost-node": "b"})
     # a's NVML is slow: it is still carrying out its spec when its GPU is lost
-    agents[a] = AgentProcess(cluster, a, tmp_path, 3000, "--resync-seconds", "1")
-    agents[b] = AgentProcess(cluster, b, tmp_path, 0)
+    a, b = two_agents(cluster, agents, tmp_path, "lost", 3000, "--resync-seconds", "1")
     with running_operator(cluster):
-        one_slot_policy(cluster, "gpu-lost", LABEL, a, b)
-        pending_claim(cluster, "lost-a", "1g.10gb", {"lost-node": "a"})
-        plan_a = spec_under_way(cluster, a, "1g.10gb")
+        plan_a = slot_held_by_a(cluster, "lost", a, b)
         # a holds the policy's only slot; its GPU falls off the bus
         (agents[a].state_dir / LOST_FILE).write_text(json.dumps([0]))
 
-        pending_claim(cluster, "lost-b", "3g.40gb", {"lost-node": "b"})
+        pending_claim(cluster, b, "3g.40gb", {"lost-node": "b"})
 
         # a reports the GPU lost and observes its plan (nothing it can reach differs), so
         # its slot is free: b is repartitioned and its device published

@@ -19,17 +19,16 @@ from tests.integration.agent_processes import (
     condition,
     devices,
     mignode,
-    one_slot_policy,
-    pending_claim,
     planned,
-    spec_under_way,
+    slot_held_by_a,
+    two_agents,
 )
 from tests.integration.conftest import (
+    add_mignode,
     eventually,
-    get,
-    gpu_status,
     patch_status,
-    put_mignode,
+    pending_claim,
+    policy_status,
     renew_lease,
     running_operator,
 )
@@ -37,25 +36,18 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.integration
 
 LEASE_TIMEOUT_S = 3.0
-LABEL = {"migpart-test": "health"}
 
 
 def test_a_dead_agent_frees_its_slot_and_comes_back(
     cluster: Testbed, agents: dict[str, AgentProcess], tmp_path: Path
 ) -> None:
-    a, b = "health-a", "health-b"
-    cluster.add_node(a, {**LABEL, "health-node": "a"})
-    cluster.add_node(b, {**LABEL, "health-node": "b"})
     # a's NVML is slow: it is still carrying out its spec when it is killed
-    agents[a] = AgentProcess(cluster, a, tmp_path, latency_ms=2000)
-    agents[b] = AgentProcess(cluster, b, tmp_path, latency_ms=0)
+    a, b = two_agents(cluster, agents, tmp_path, "health", 2000)
     with running_operator(cluster, lease_timeout_s=LEASE_TIMEOUT_S) as operator:
-        one_slot_policy(cluster, "health", LABEL, a, b)
-        pending_claim(cluster, "health-a", "1g.10gb", {"health-node": "a"})
-        plan_a = spec_under_way(cluster, a, "1g.10gb")
+        plan_a = slot_held_by_a(cluster, "health", a, b)
         agents[a].kill()  # holds the policy's only slot, and will never finish
 
-        pending_claim(cluster, "health-b", "3g.40gb", {"health-node": "b"})
+        pending_claim(cluster, b, "3g.40gb", {"health-node": "b"})
 
         # a's lease goes stale: its slot is free, so b is repartitioned and its device published
         eventually(lambda: planned(mignode(cluster, b), "3g.40gb"), timeout=90)
@@ -66,11 +58,11 @@ def test_a_dead_agent_frees_its_slot_and_comes_back(
         assert "not renewed" in stale["message"]
         eventually(
             lambda: (
-                get(cluster, "gpp", "health")["status"].get("unavailableNodes")
+                policy_status(cluster, "health").get("unavailableNodes")
                 == [{"name": a, "reason": "LeaseExpired"}]
             )
         )
-        status = get(cluster, "gpp", "health")["status"]
+        status = policy_status(cluster, "health")
         assert status["nodes"] == 2
         assert devices(cluster, a) == []  # nothing published for the stale node
         state: OperatorState = operator.memo.state
@@ -90,7 +82,7 @@ def test_a_dead_agent_frees_its_slot_and_comes_back(
         assert (condition(back, "Stale") or {}).get("status") != "True"
         eventually(lambda: any("1g10gb" in d for d in devices(cluster, a)), timeout=60)
         eventually(
-            lambda: not get(cluster, "gpp", "health")["status"].get("unavailableNodes"),
+            lambda: not policy_status(cluster, "health").get("unavailableNodes"),
             timeout=30,
         )
 
@@ -99,8 +91,7 @@ def test_a_stale_mark_left_by_an_earlier_operator_goes_once_the_agent_renews(
     cluster: Testbed,
 ) -> None:
     node = "health-left"
-    cluster.add_node(node, {"migpart-test": "health-left"})
-    put_mignode(cluster, node, [gpu_status(0, [])])  # renews the Lease once
+    add_mignode(cluster, node, {"migpart-test": "health-left"})  # renews the Lease once
     stale = {
         "type": "Stale",
         "status": "True",

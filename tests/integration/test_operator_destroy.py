@@ -17,17 +17,17 @@ from migpart.testbed import Testbed
 from tests.integration.conftest import (
     PROFILE_IS,
     RunningOperator,
+    add_mignode,
     allocate,
     apply,
     claim_body,
     events,
     eventually,
-    get,
     get_or_none,
     gpu_status,
-    pending_pod,
+    mignode_spec,
+    pending_claim,
     policy_body,
-    put_mignode,
 )
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,7 @@ def _slice_devices(bed: Testbed, node: str) -> list[str]:
 
 def _spec_profiles(bed: Testbed, node: str) -> list[str] | None:
     """The profiles MigNode.spec asks for on GPU 0, or None while the spec holds no plan."""
-    spec = get(bed, "mignode", node).get("spec") or {}
+    spec = mignode_spec(bed, node)
     if not spec.get("planId"):
         return None
     gpus = [g for g in spec.get("gpus", []) if g["index"] == 0]
@@ -51,8 +51,7 @@ def _spec_profiles(bed: Testbed, node: str) -> list[str] | None:
 
 def _node_with_a_free_7g(bed: Testbed, node: str, label: str) -> None:
     """A node whose only GPU holds one free 7g.80gb, a policy over it, and the device published."""
-    bed.add_node(node, {"migpart-test": label})
-    put_mignode(bed, node, [gpu_status(0, [("7g.80gb", 0)])])
+    add_mignode(bed, node, {"migpart-test": label}, [gpu_status(0, [("7g.80gb", 0)])])
     apply(
         bed,
         policy_body(
@@ -78,8 +77,7 @@ def test_device_is_withdrawn_before_it_leaves_the_spec(
 
     operator.hooks.after_withdraw = look
     # Only destroying the free 7g.80gb makes room for a 1g.10gb.
-    apply(cluster, claim_body("claim-d", "default", PROFILE_IS.format("1g.10gb")))
-    pending_pod(cluster, "pod-d", "default", "claim-d")
+    pending_claim(cluster, "claim-d", "1g.10gb", pod="pod-d")
 
     def dropped() -> list[str]:
         profiles = _spec_profiles(cluster, node)
@@ -116,12 +114,9 @@ def test_device_allocated_while_withdrawn_is_kept(
             await asyncio.to_thread(allocate, cluster, "holder-e", "default", node, BIG)
 
     operator.hooks.after_withdraw = race
-    apply(cluster, claim_body("claim-e", "default", PROFILE_IS.format("1g.10gb")))
-    pending_pod(cluster, "pod-e", "default", "claim-e")
+    pending_claim(cluster, "claim-e", "1g.10gb", pod="pod-e")
 
-    aborted = eventually(
-        lambda: [e for e in events(cluster, "policy-e") if e["reason"] == "DestroyAborted"]
-    )
+    aborted = eventually(lambda: events(cluster, "policy-e", reason="DestroyAborted"))
     assert BIG in aborted[0]["message"]
     assert aborted[0]["type"] == "Warning"
     assert raced == [frozenset({BIG})]

@@ -9,16 +9,18 @@ import pytest
 
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
-    PROFILE_IS,
     RunningOperator,
+    add_mignode,
     apply,
-    claim_body,
     events,
     eventually,
     get,
     gpu_status,
-    pending_pod,
+    mignode_spec,
+    pending_claim,
+    planned_spec,
     policy_body,
+    policy_status,
     put_mignode,
 )
 
@@ -30,30 +32,22 @@ def one_pending_claim(cluster: Testbed, suffix: str, profile: str, **policy: Any
     (no batch window; `policy`: more spec fields) and claim-SUFFIX for a `profile` of the
     pending pod pod-SUFFIX. Returns the node's name."""
     node, labels = f"plan-{suffix}", {"migpart-test": suffix}
-    cluster.add_node(node, labels)
-    put_mignode(cluster, node, [gpu_status(0, [])])
+    add_mignode(cluster, node, labels)
     spec = {"reconfiguration": {"batchWindowSeconds": 0}, **policy}
     apply(cluster, policy_body(f"policy-{suffix}", labels, **spec))
-    apply(cluster, claim_body(f"claim-{suffix}", "default", PROFILE_IS.format(profile)))
-    pending_pod(cluster, f"pod-{suffix}", "default", f"claim-{suffix}")
+    pending_claim(cluster, f"claim-{suffix}", profile, pod=f"pod-{suffix}")
     return node
 
 
 def test_pending_claim_produces_mignode_spec(cluster: Testbed, operator: RunningOperator) -> None:
     node = one_pending_claim(cluster, "b", "3g.40gb")
-
-    def planned() -> dict[str, Any]:
-        spec = get(cluster, "mignode", node).get("spec") or {}
-        assert spec.get("planId")
-        return spec
-
-    spec = eventually(planned)
+    spec = planned_spec(cluster, node)
     instances = spec["gpus"][0]["instances"]
     assert {"profile": "3g.40gb", "start": instances[0]["start"]} in instances
     assert [i["profile"] for i in instances].count("3g.40gb") == 1
 
     def reported() -> dict[str, Any]:
-        status = get(cluster, "gpupartitionpolicy", "policy-b").get("status") or {}
+        status = policy_status(cluster, "policy-b")
         assert status.get("lastPlan", {}).get("planId") == spec["planId"]
         return status
 
@@ -66,9 +60,7 @@ def test_pending_claim_produces_mignode_spec(cluster: Testbed, operator: Running
     assert status["observedGeneration"] >= 1
     ready = [c for c in status["conditions"] if c["type"] == "Ready"]
     assert ready[0]["status"] == "True"
-    assert eventually(
-        lambda: [e for e in events(cluster, "policy-b") if e["reason"] == "Repartitioning"]
-    )
+    assert eventually(lambda: events(cluster, "policy-b", reason="Repartitioning"))
 
     # level-triggered: with the demand unchanged, later rounds write no new plan
     written = [e for e in operator.steps(node) if e.step == "spec_written"]
@@ -83,21 +75,19 @@ def test_unsatisfiable_claim_warns_once_and_plans_nothing(
 ) -> None:
     node = one_pending_claim(cluster, "u", "7g.80gb", profiles={"allow": ["1g.10gb"]})
 
-    warned = eventually(
-        lambda: [e for e in events(cluster, "claim-u", "default") if e["reason"] == "Unsatisfiable"]
-    )
+    warned = eventually(lambda: events(cluster, "claim-u", "default", reason="Unsatisfiable"))
     assert warned[0]["type"] == "Warning"
     assert "7g.80gb" in warned[0]["message"]
 
     def counted() -> dict[str, Any]:
-        status = get(cluster, "gpupartitionpolicy", "policy-u").get("status") or {}
+        status = policy_status(cluster, "policy-u")
         assert status.get("pendingRequests") == 1
         return status
 
     status = eventually(counted)
     assert "lastPlan" not in status
-    assert not (get(cluster, "mignode", node).get("spec") or {}).get("planId")
-    warned = [e for e in events(cluster, "claim-u", "default") if e["reason"] == "Unsatisfiable"]
+    assert not mignode_spec(cluster, node).get("planId")
+    warned = events(cluster, "claim-u", "default", reason="Unsatisfiable")
     assert sum(e.get("count", 1) for e in warned) == 1
 
 
@@ -105,7 +95,7 @@ def test_policy_without_nodes_is_not_ready(cluster: Testbed, operator: RunningOp
     apply(cluster, policy_body("policy-empty", {"migpart-test": "nothing-has-this"}))
 
     def reported() -> dict[str, Any]:
-        status = get(cluster, "gpupartitionpolicy", "policy-empty").get("status") or {}
+        status = policy_status(cluster, "policy-empty")
         ready = [c for c in status.get("conditions", []) if c["type"] == "Ready"]
         assert ready
         assert ready[0]["status"] == "False"
@@ -144,16 +134,14 @@ def test_dry_run_reports_and_changes_nothing(cluster: Testbed, operator: Running
     node = one_pending_claim(cluster, "dry", "2g.20gb", mode="DryRun")
 
     def reported() -> dict[str, Any]:
-        status = get(cluster, "gpupartitionpolicy", "policy-dry").get("status") or {}
+        status = policy_status(cluster, "policy-dry")
         assert status.get("lastPlan")
         return status
 
     status = eventually(reported)
     assert status["lastPlan"]["created"] >= 1
-    assert eventually(
-        lambda: [e for e in events(cluster, "policy-dry") if e["reason"] == "DryRunPlan"]
-    )
-    assert not (get(cluster, "mignode", node).get("spec") or {}).get("planId")
+    assert eventually(lambda: events(cluster, "policy-dry", reason="DryRunPlan"))
+    assert not mignode_spec(cluster, node).get("planId")
     assert not [e for e in operator.steps(node) if e.step == "spec_written"]
 
 
@@ -163,25 +151,18 @@ def test_claim_is_planned_only_where_its_pod_may_run(
     """Policy place-a comes first in line, but the pod selects place-b's node: a device made
     on place-a's node would serve nobody and, being free, would stop any further planning."""
     for policy, node in (("place-a", "place-a1"), ("place-b", "place-b1")):
-        cluster.add_node(node, {"migpart-test": policy})
-        put_mignode(cluster, node, [gpu_status(0, [])])
+        add_mignode(cluster, node, {"migpart-test": policy})
         apply(
             cluster,
             policy_body(
                 policy, {"migpart-test": policy}, reconfiguration={"batchWindowSeconds": 0}
             ),
         )
-    apply(cluster, claim_body("claim-place", "default", PROFILE_IS.format("2g.20gb")))
-    pending_pod(cluster, "pod-place", "default", "claim-place", {"migpart-test": "place-b"})
+    pending_claim(cluster, "claim-place", "2g.20gb", {"migpart-test": "place-b"}, pod="pod-place")
 
-    def planned() -> dict[str, Any]:
-        spec = get(cluster, "mignode", "place-b1").get("spec") or {}
-        assert spec.get("planId")
-        return spec
-
-    spec = eventually(planned)
+    spec = planned_spec(cluster, "place-b1")
     assert [i["profile"] for i in spec["gpus"][0]["instances"]] == ["2g.20gb"]
-    assert not (get(cluster, "mignode", "place-a1").get("spec") or {}).get("planId")
+    assert not mignode_spec(cluster, "place-a1").get("planId")
     assert not [e for e in operator.steps("place-a1") if e.step == "spec_written"]
 
 
@@ -192,8 +173,7 @@ def test_under_shortage_the_higher_priority_pod_is_planned_first(
     one whose PriorityClass is higher. Smallest-first alone would cut the 4g.40gb; the pod's
     priority must win the GPU instead."""
     node = "prio-a"
-    cluster.add_node(node, {"migpart-test": "prio"})
-    put_mignode(cluster, node, [gpu_status(0, [])])
+    add_mignode(cluster, node, {"migpart-test": "prio"})
     apply(
         cluster,
         {
@@ -203,10 +183,10 @@ def test_under_shortage_the_higher_priority_pod_is_planned_first(
             "value": 100000,
         },
     )
-    apply(cluster, claim_body("claim-low", "default", PROFILE_IS.format("4g.40gb")))
-    apply(cluster, claim_body("claim-high", "default", PROFILE_IS.format("7g.80gb")))
-    pending_pod(cluster, "pod-low", "default", "claim-low")
-    pending_pod(cluster, "pod-high", "default", "claim-high", priority_class="migpart-test-high")
+    pending_claim(cluster, "claim-low", "4g.40gb", pod="pod-low")
+    pending_claim(
+        cluster, "claim-high", "7g.80gb", pod="pod-high", priority_class="migpart-test-high"
+    )
     apply(
         cluster,
         policy_body(
@@ -214,15 +194,8 @@ def test_under_shortage_the_higher_priority_pod_is_planned_first(
         ),
     )
 
-    def planned() -> list[dict[str, Any]]:
-        spec = get(cluster, "mignode", node).get("spec") or {}
-        assert spec.get("planId")
-        instances: list[dict[str, Any]] = spec["gpus"][0]["instances"]
-        return instances
-
-    assert eventually(planned) == [{"profile": "7g.80gb", "start": 0}]
-    status = eventually(
-        lambda: (get(cluster, "gpupartitionpolicy", "policy-prio").get("status") or {})["lastPlan"]
-    )
+    instances = planned_spec(cluster, node)["gpus"][0]["instances"]
+    assert instances == [{"profile": "7g.80gb", "start": 0}]
+    status = eventually(lambda: policy_status(cluster, "policy-prio")["lastPlan"])
     assert (status["satisfied"], status["unsatisfied"]) == (1, 1)
     cluster.kubectl("delete", "priorityclass", "migpart-test-high", "--ignore-not-found")
