@@ -18,16 +18,17 @@ from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 
 from migpart.api.models import FailedInstance, MigNode, MigNodeStatus
 from migpart.dra import DRIVER
-from migpart.kube.slice_publisher import SlicePublisher, SlicesFn
+from migpart.kube.slice_publisher import SlicePublisher
 from migpart.mig.catalog import CATALOG
 from migpart.mig.profiles import device_name
 from migpart.offer.pool import UNUSABLE_TAINT, stable_pool
 from migpart.planning.model import DeviceRef
-from migpart.slice_content import DeviceCache, SliceContent, slice_name
+from migpart.slice_content import slice_name
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
 from migpart.testing.builders import ClaimBuilder, PodBuilder, gpu_status, profile_is
 from tests.integration.conftest import apply, eventually, get
+from tests.pools import every_placement, offering
 
 pytestmark = pytest.mark.integration
 
@@ -57,22 +58,6 @@ def full_node(name: str, model: str, unusable: bool = False) -> MigNode:
     return MigNode(metadata={"name": name}, status=status)
 
 
-def offering(order: list[DeviceRef]) -> SlicesFn:
-    def slices(
-        node: MigNode, withdrawn: frozenset[str], available: bool, cache: DeviceCache
-    ) -> list[SliceContent]:
-        return stable_pool(node, order, available=available, cache=cache)
-
-    return slices
-
-
-def every_placement(model: str, gpus: int = GPUS) -> list[DeviceRef]:
-    table = CATALOG[model]
-    return [
-        DeviceRef(i, p.name, s) for i in range(gpus) for p in table.profiles for s in p.placements
-    ]
-
-
 async def stored_pool(api: ApiClient, node: str) -> list[dict[str, Any]]:
     """The node's slices as the API server stores them, by name."""
     listed: Any = await ResourceV1Api(api).list_resource_slice(
@@ -87,7 +72,7 @@ async def test_the_worst_case_pool_of_every_model_is_accepted(
     cluster: Testbed, api: ApiClient, model: str
 ) -> None:
     node = "offer-" + "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")
-    offer = every_placement(model)
+    offer = every_placement(model, GPUS)
     publisher = SlicePublisher(api, slices=offering(offer))
     mig = full_node(node, model, unusable=True)
     publisher.observe(mig)
@@ -135,7 +120,7 @@ async def test_a_changed_pool_is_rewritten_at_one_generation_and_a_smaller_one_s
 ) -> None:
     model = sorted(CATALOG)[0]
     node = "offer-shrinks"
-    offer = every_placement(model)
+    offer = every_placement(model, GPUS)
     publisher = SlicePublisher(api, slices=offering(offer))
     publisher.observe(full_node(node, model))
     first = await publisher.publish(node)
@@ -147,7 +132,7 @@ async def test_a_changed_pool_is_rewritten_at_one_generation_and_a_smaller_one_s
     stored = await stored_pool(api, node)
     assert {s["spec"]["pool"]["generation"] for s in stored} == {second.generation}
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in stored} == {len(stored)}
-    assert len(stored) < len(stable_pool(full_node(node, model), every_placement(model)))
+    assert len(stored) < len(stable_pool(full_node(node, model), every_placement(model, GPUS)))
     assert second.devices == {d["name"] for s in stored for d in s["spec"].get("devices") or []}
     # nothing changed: nothing written
     assert not (await publisher.publish(node)).written

@@ -11,13 +11,11 @@ import pytest
 from migpart.api.models import FailedInstance, MigNode
 from migpart.dra import DRIVER
 from migpart.kube import slice_publisher
-from migpart.kube.slice_publisher import SlicePublisher, SlicesFn
+from migpart.kube.slice_publisher import SlicePublisher
 from migpart.kube.slice_watch import SliceState
-from migpart.mig import builtin_table
-from migpart.offer.pool import stable_pool
-from migpart.planning.model import DeviceRef
-from migpart.slice_content import DeviceCache, SliceContent, node_slices, slice_name
+from migpart.slice_content import SliceContent, node_slices, slice_name
 from migpart.testing.builders import H100
+from tests.pools import every_placement, offering
 from tests.unit.kube.factories import gpu
 from tests.unit.kube.factories import spec_node as node
 from tests.unit.kube.factories import watched_slice as watched
@@ -197,26 +195,9 @@ def offer_node(*instances: tuple[str, int, str], gpus: int = 4, unusable: bool =
     return n.model_copy(update={"metadata": {"name": "n1"}, "status": status})
 
 
-def offering(order: list[DeviceRef]) -> SlicesFn:
-    def slices(
-        n: MigNode, withdrawn: frozenset[str], available: bool, cache: DeviceCache
-    ) -> list[SliceContent]:
-        return stable_pool(n, order, available=available, cache=cache)
-
-    return slices
-
-
-def every_placement(gpus: int) -> list[DeviceRef]:
-    table = builtin_table(H100)
-    assert table is not None
-    return [
-        DeviceRef(i, p.name, s) for i in range(gpus) for p in table.profiles for s in p.placements
-    ]
-
-
 async def test_a_pool_of_several_slices_is_written_at_one_generation() -> None:
     store = SliceStore()
-    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(4)))
+    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(H100, 4)))
     publisher.observe(offer_node())
     first = await publisher.publish("n1")
     assert first.written
@@ -246,7 +227,7 @@ async def test_a_pool_of_several_slices_is_written_at_one_generation() -> None:
 
 async def test_slices_the_pool_no_longer_has_are_deleted_after_the_others_are_written() -> None:
     store = SliceStore()
-    offer = every_placement(4)
+    offer = every_placement(H100, 4)
     publisher = SlicePublisher(cast(Any, store), slices=offering(offer))
     publisher.observe(offer_node())
     await publisher.publish("n1")
@@ -270,7 +251,7 @@ async def test_slices_the_pool_no_longer_has_are_deleted_after_the_others_are_wr
 
 async def test_back_to_reactive_mode_leaves_one_slice() -> None:
     store = SliceStore()
-    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(4)))
+    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(H100, 4)))
     publisher.observe(offer_node(("7g.80gb", 0, "Free")))
     await publisher.publish("n1")
     publisher.slices = None
@@ -289,7 +270,7 @@ async def test_an_unavailable_node_keeps_one_empty_slice_of_its_pool() -> None:
     down: list[str] = []
     publisher = SlicePublisher(
         cast(Any, store),
-        slices=offering(every_placement(4)),
+        slices=offering(every_placement(H100, 4)),
         gate=lambda n: "LeaseExpired" if down else None,
     )
     publisher.observe(offer_node())
@@ -306,7 +287,7 @@ async def test_a_conflict_in_the_middle_of_a_pool_write_starts_it_over_at_a_new_
     None
 ):
     store = SliceStore()
-    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(4)))
+    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(H100, 4)))
     publisher.observe(offer_node())
     await publisher.publish("n1")
     store.touch(slice_name("n1", 1))  # written by someone else since
@@ -321,7 +302,7 @@ async def test_a_conflict_in_the_middle_of_a_pool_write_starts_it_over_at_a_new_
 
 async def test_a_slice_deleted_underneath_is_created_again_in_the_pools_next_generation() -> None:
     store = SliceStore()
-    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(4)))
+    publisher = SlicePublisher(cast(Any, store), slices=offering(every_placement(H100, 4)))
     publisher.observe(offer_node())
     await publisher.publish("n1")
     body = store.slices.pop(slice_name("n1", 2))
