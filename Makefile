@@ -19,6 +19,13 @@ KUSTOMIZE_VERSION ?= v5.8.2
 # Every Kubernetes version the integration and e2e suites run on: the oldest supported and
 # the newest. MIGPART_K8S_VERSION picks one for a single run (default: the newest).
 K8S_VERSIONS ?= 1.34.4 1.37.2
+# Offer mode's modules also run on the first version users run it on (partitionable devices,
+# device taints and binding conditions are beta and on by default from 1.36), beside the full
+# suites: only these modules, not whole suites. An offer-mode module added here runs there too.
+OFFER_K8S_VERSION ?= 1.36.3
+OFFER_MODULES ?= tests/integration/test_allocator_order.py tests/e2e/test_prepare_makes_room.py
+# Every version `make testbed` builds (sort drops a duplicate).
+TESTBED_VERSIONS := $(sort $(K8S_VERSIONS) $(OFFER_K8S_VERSION))
 DEMO_K8S_VERSION ?= 1.37.2
 
 .PHONY: help venv proto testbed promtool tools check lint fmt typecheck layers test unit integration e2e gpu bench bench-scale chaos demo clean image lock
@@ -69,7 +76,7 @@ $(TOOLS_BIN)/.kustomize-$(KUSTOMIZE_VERSION):
 tools: $(TOOLS_BIN)/.helm-$(HELM_VERSION) $(TOOLS_BIN)/.kustomize-$(KUSTOMIZE_VERSION)
 
 testbed: venv
-	@for v in $(K8S_VERSIONS); do \
+	@for v in $(TESTBED_VERSIONS); do \
 		MIGPART_K8S_VERSION=$$v $(PY) -m migpart.cli testbed build || exit 1; \
 	done
 
@@ -97,22 +104,28 @@ integration: venv proto tools testbed
 		echo "== integration on Kubernetes $$v"; \
 		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/integration || exit 1; \
 	done
+	$(if $(filter tests/integration/%,$(OFFER_MODULES)),@echo "== offer-mode integration modules on Kubernetes $(OFFER_K8S_VERSION)"; \
+		MIGPART_K8S_VERSION=$(OFFER_K8S_VERSION) $(PY) -m pytest $(filter tests/integration/%,$(OFFER_MODULES)))
 
 e2e: venv proto tools testbed image
 	@for v in $(K8S_VERSIONS); do \
 		echo "== e2e on Kubernetes $$v"; \
 		MIGPART_K8S_VERSION=$$v $(PY) -m pytest tests/e2e || exit 1; \
 	done
+	$(if $(filter tests/e2e/%,$(OFFER_MODULES)),@echo "== offer-mode e2e modules on Kubernetes $(OFFER_K8S_VERSION)"; \
+		MIGPART_K8S_VERSION=$(OFFER_K8S_VERSION) $(PY) -m pytest $(filter tests/e2e/%,$(OFFER_MODULES)))
 
 # Read-only NVML checks on a machine with an NVIDIA GPU.
 gpu: venv proto
 	MIGPART_GPU=1 $(PY) -m pytest -m gpu tests/gpu tests/unit/agent
 
-# Unit tests once, then the integration and e2e suites on each Kubernetes version, the
-# versions side by side (hack/suites.sh; MIGPART_SUITES_SERIAL=1: one after the other).
+# Unit tests once, then the integration and e2e suites on each Kubernetes version and the
+# offer-mode modules on OFFER_K8S_VERSION, all side by side (hack/suites.sh;
+# MIGPART_SUITES_SERIAL=1: one after the other).
 test: venv proto promtool tools testbed image
 	$(PY) -m pytest tests --ignore=tests/integration --ignore=tests/e2e
-	PY=$(PY) hack/suites.sh $(K8S_VERSIONS)
+	PY=$(PY) OFFER_K8S_VERSION="$(OFFER_K8S_VERSION)" OFFER_MODULES="$(OFFER_MODULES)" \
+		hack/suites.sh $(K8S_VERSIONS)
 
 bench: venv
 	$(PY) -m bench.planner

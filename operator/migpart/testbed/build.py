@@ -18,8 +18,9 @@ from pathlib import Path
 
 from migpart.errors import MigpartError
 
-# Every version the testbed builds: the oldest migpart supports and the newest.
-KUBE_VERSIONS = ("1.34.4", "1.37.2")
+# Every version the testbed builds: the oldest migpart supports, the first that serves offer
+# mode (partitionable devices and binding conditions, docs/offer-mode.md) and the newest.
+KUBE_VERSIONS = ("1.34.4", "1.36.3", "1.37.2")
 DEFAULT_KUBE_VERSION = "1.37.2"
 VERSION_ENV = "MIGPART_K8S_VERSION"
 BUILD_HINT = (

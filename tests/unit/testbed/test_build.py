@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ def test_version_from_argument_environment_or_default(monkeypatch: pytest.Monkey
     monkeypatch.setenv("MIGPART_K8S_VERSION", "v1.34.4")
     assert kube_version() == "1.34.4"
     assert kube_version("1.37.2") == "1.37.2"
+    assert kube_version("v1.36.3") == "1.36.3"  # offer mode's modules run there (Makefile)
 
 
 def test_unknown_version_is_refused_with_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,6 +39,22 @@ def test_every_version_has_its_module_in_the_repo() -> None:
         module = module_dir(source_dir(), version)
         assert module.name == "v" + version.rsplit(".", 1)[0]
         assert f"k8s.io/kubernetes v{version}" in (module / "go.mod").read_text()
+
+
+def makefile_words(name: str) -> list[str]:
+    makefile = (source_dir().parents[1] / "Makefile").read_text()
+    match = re.search(rf"^{name} \?= (.*)$", makefile, re.MULTILINE)
+    assert match, f"no {name} in the Makefile"
+    return match.group(1).split()
+
+
+def test_the_makefile_runs_every_version_the_testbed_builds_and_offer_modules_that_exist() -> None:
+    versions = makefile_words("K8S_VERSIONS") + makefile_words("OFFER_K8S_VERSION")
+    assert sorted(versions) == sorted(KUBE_VERSIONS)
+    modules = makefile_words("OFFER_MODULES")
+    assert modules
+    for module in modules:
+        assert (source_dir().parents[1] / module).is_file(), module
 
 
 def test_each_version_is_cached_under_its_own_key(
