@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from migpart.dra import DRIVER
 from migpart.kube.election_lease import DEFAULT_NAMESPACE
 from migpart.testbed import Testbed
 from migpart.testbed.kubelet import NodeKubelet
-from migpart.testbed.run import opted_in, terminate_all
+from migpart.testbed.run import log_tail, opted_in, terminate_all, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "crds"
@@ -281,17 +280,13 @@ class LocalCluster:
         for name, proc in procs:
             if proc.poll() is not None:
                 log = self.dir / "logs" / f"{name}.log"
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-                raise RuntimeError(f"{name} exited with {proc.returncode}; {log}:\n{tail}")
+                raise RuntimeError(
+                    f"{name} exited with {proc.returncode}; {log}:\n{log_tail(log, 25)}"
+                )
 
     def wait_for(self, what: str, ready: Callable[[], bool], timeout_s: float = 90.0) -> None:
         """Poll `ready` until true; fail with `what` and the component state on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while not ready():
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-            time.sleep(0.2)
+        wait_until(what, ready, self.check_alive, timeout_s, TimeoutError)
 
     def stop(self) -> None:
         self.stop_operator()

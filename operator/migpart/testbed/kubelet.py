@@ -31,9 +31,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -43,7 +43,9 @@ from migpart.testbed.run import (
     Testbed,
     TestbedError,
     free_port,
+    log_tail,
     terminate_all,
+    wait_until,
 )
 
 DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -270,21 +272,16 @@ class NodeKubelet:
                 return True
         return False
 
-    def _wait(self, what: str, ready: Any) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while not ready():
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise TestbedError(f"timed out after {self.startup_timeout_s}s waiting for {what}")
-            time.sleep(0.2)
+    def _wait(self, what: str, ready: Callable[[], bool]) -> None:
+        wait_until(what, ready, self.check_alive, self.startup_timeout_s)
 
     def check_alive(self) -> None:
         for name, pair in (("fake-cri", self._cri), ("kubelet", self._kubelet)):
             if pair is not None and pair[0].poll() is not None:
                 log = self.dir / "logs" / f"{name}.log"
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
                 raise TestbedError(
-                    f"{name} of {self.name} exited with {pair[0].returncode}; log {log}:\n{tail}"
+                    f"{name} of {self.name} exited with {pair[0].returncode};"
+                    f" log {log}:\n{log_tail(log)}"
                 )
 
     def stop_kubelet(self, grace_s: float = 10.0) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -78,6 +78,28 @@ class TestbedError(MigpartError):
     """A component of the control plane failed to start or died."""
 
     __test__ = False  # not a pytest test class
+
+
+def log_tail(log: Path, lines: int = 15) -> str:
+    """The last `lines` lines of a component's log, for the error that says it died."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_until(
+    what: str,
+    ready: Callable[[], bool],
+    check_alive: Callable[[], None],
+    timeout_s: float,
+    error: type[Exception] = TestbedError,
+) -> None:
+    """Poll `ready` until true, calling `check_alive` (it raises when a component died) between
+    polls; raise `error` naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        check_alive()
+        if time.monotonic() > deadline:
+            raise error(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.2)
 
 
 def free_port() -> int:
@@ -346,8 +368,9 @@ class Testbed:
         for name, proc, _ in self._procs:
             if proc.poll() is not None:
                 log = self.dir / "logs" / f"{name}.log"
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-                raise TestbedError(f"{name} exited with {proc.returncode}; log {log}:\n{tail}")
+                raise TestbedError(
+                    f"{name} exited with {proc.returncode}; log {log}:\n{log_tail(log)}"
+                )
 
     def _wait_ready(self, url: str, name: str) -> None:
         ctx = ssl.create_default_context()
