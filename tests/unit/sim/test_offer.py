@@ -170,6 +170,11 @@ class DestroyingOffer(Offer):
             engine.destroy(*device)
 
 
+def _pods(rows: list[tuple[int, int, str, int]]) -> list[SimPod]:
+    """Pods p0, p1, ... from (arrival, duration, profile, count) rows."""
+    return [pod(f"p{k}", at, d, profile, count=n) for k, (at, d, profile, n) in enumerate(rows)]
+
+
 workloads = st.lists(
     st.tuples(
         st.integers(0, 50),
@@ -179,15 +184,14 @@ workloads = st.lists(
     ),
     min_size=1,
     max_size=25,
-)
+).map(_pods)
 
 
 @settings(max_examples=60, deadline=None)
 @given(workloads)
 def test_every_pod_is_served_on_valid_layouts_destroying_free_instances_only(
-    rows: list[tuple[int, int, str, int]],
+    pods: list[SimPod],
 ) -> None:
-    pods = [pod(f"p{k}", at, d, profile, count=n) for k, (at, d, profile, n) in enumerate(rows)]
     for order in (planner_order, name_order):
         out = outcome(pods, Offer(actuation_s=5, order=order), nodes=2, gpus=2)
         assert out.served == len(pods)
@@ -197,12 +201,9 @@ def test_every_pod_is_served_on_valid_layouts_destroying_free_instances_only(
 
 @settings(max_examples=60, deadline=None)
 @given(workloads)
-def test_name_order_destroying_on_release_is_first_fit(
-    rows: list[tuple[int, int, str, int]],
-) -> None:
+def test_name_order_destroying_on_release_is_first_fit(pods: list[SimPod]) -> None:
     # The model is the scheduler's first fit over NVIDIA's listing: with NVIDIA's destroy on
     # release it gives what `first-fit` gives, pod for pod.
-    pods = [pod(f"p{k}", at, d, profile, count=n) for k, (at, d, profile, n) in enumerate(rows)]
     nvidia = outcome(pods, DestroyingOffer(actuation_s=5, order=name_order), nodes=2, gpus=2)
     first_fit = outcome(pods, FirstFit(actuation_s=5), nodes=2, gpus=2)
     assert nvidia.waits_s == first_fit.waits_s
