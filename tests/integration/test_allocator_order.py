@@ -31,6 +31,8 @@ COMPUTE = "compute-slices"
 PARTITIONABLE = tuple(int(p) for p in kube_version().split(".")[:2]) >= (1, 36)
 READY = "migpart.io/instance-created"
 FAILED = "migpart.io/instance-failed"
+# A device that binds once its driver reports READY, and fails once it reports FAILED.
+BINDING = {"bindingConditions": [READY], "bindingFailureConditions": [FAILED]}
 
 
 def memory(first: int, count: int) -> dict[str, int]:
@@ -180,8 +182,9 @@ def test_a_placement_tainted_no_schedule_is_passed_over(cluster: Testbed) -> Non
     assert eventually(lambda: allocated(bed, "untainted")) == expected
 
 
-def device_status(claim: str, node: str, device: str, condition: str) -> dict[str, Any]:
-    return {
+def report(bed: Testbed, claim: str, node: str, device: str, condition: str) -> None:
+    """`condition` True on the claim's `device`, as its driver reports it (claim status)."""
+    status = {
         "devices": [
             {
                 "driver": DRIVER,
@@ -199,6 +202,7 @@ def device_status(claim: str, node: str, device: str, condition: str) -> dict[st
             }
         ]
     }
+    patch_status(bed, "resourceclaim", claim, status, "-n", NS)
 
 
 def node_of(bed: Testbed, pod: str) -> str:
@@ -206,14 +210,7 @@ def node_of(bed: Testbed, pod: str) -> str:
 
 
 def test_a_pod_binds_only_once_its_devices_binding_conditions_are_true(cluster: Testbed) -> None:
-    publish(
-        cluster,
-        "binding",
-        [THREE_LOW],
-        bindingConditions=[READY],
-        bindingFailureConditions=[FAILED],
-        bindsToNode=True,
-    )
+    publish(cluster, "binding", [THREE_LOW], bindsToNode=True, **BINDING)
     claim_and_pod(cluster, "bound", "binding")
     assert eventually(lambda: allocated(cluster, "bound")) == THREE_LOW[0]
     if not PARTITIONABLE:  # the fields were dropped: nothing to wait for
@@ -225,39 +222,19 @@ def test_a_pod_binds_only_once_its_devices_binding_conditions_are_true(cluster: 
     assert result["bindingFailureConditions"] == [FAILED]
     assert claim["allocation"]["nodeSelector"]  # bindsToNode
     assert node_of(cluster, "bound") == ""  # PreBind waits for the condition
-    patch_status(
-        cluster,
-        "resourceclaim",
-        "bound",
-        device_status("bound", "binding", THREE_LOW[0], READY),
-        "-n",
-        NS,
-    )
+    report(cluster, "bound", "binding", THREE_LOW[0], READY)
     assert eventually(lambda: node_of(cluster, "bound")) == "binding"
 
 
 def test_a_binding_failure_sends_the_pod_back_and_frees_the_claim(cluster: Testbed) -> None:
-    publish(
-        cluster,
-        "failing",
-        [THREE_LOW],
-        bindingConditions=[READY],
-        bindingFailureConditions=[FAILED],
-    )
+    publish(cluster, "failing", [THREE_LOW], **BINDING)
     claim_and_pod(cluster, "failed", "failing")
     assert eventually(lambda: allocated(cluster, "failed")) == THREE_LOW[0]
     if not PARTITIONABLE:
         assert eventually(lambda: node_of(cluster, "failed")) == "failing"
         return
     first = get(cluster, "resourceclaim", "failed", "-n", NS)["status"]["allocation"]
-    patch_status(
-        cluster,
-        "resourceclaim",
-        "failed",
-        device_status("failed", "failing", THREE_LOW[0], FAILED),
-        "-n",
-        NS,
-    )
+    report(cluster, "failed", "failing", THREE_LOW[0], FAILED)
 
     def conditions_cleared() -> bool:
         return "devices" not in get(cluster, "resourceclaim", "failed", "-n", NS)["status"]
