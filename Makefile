@@ -20,10 +20,12 @@ KUSTOMIZE_VERSION ?= v5.8.2
 # the newest. MIGPART_K8S_VERSION picks one for a single run (default: the newest).
 K8S_VERSIONS ?= 1.34.4 1.37.2
 # Offer mode's modules also run on the first version users run it on (partitionable devices,
-# device taints and binding conditions are beta and on by default from 1.36), beside the full
+# device taints are beta and on by default from 1.36), beside the full
 # suites: only these modules, not whole suites. An offer-mode module added here runs there too.
 OFFER_K8S_VERSION ?= 1.36.3
-OFFER_MODULES ?= tests/integration/test_allocator_order.py tests/e2e/test_prepare_makes_room.py
+OFFER_INTEGRATION := test_allocator_order test_allocation_mode test_offer_slices test_offer_takeover
+OFFER_E2E := test_prepare_makes_room test_offer_mode test_offer_faults
+OFFER_MODULES ?= $(OFFER_INTEGRATION:%=tests/integration/%.py) $(OFFER_E2E:%=tests/e2e/%.py)
 # Every version `make testbed` builds (sort drops a duplicate).
 TESTBED_VERSIONS := $(sort $(K8S_VERSIONS) $(OFFER_K8S_VERSION))
 DEMO_K8S_VERSION ?= 1.37.2

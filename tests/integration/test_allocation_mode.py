@@ -34,16 +34,14 @@ OFFER_PUBLISHING = False
 pytestmark = pytest.mark.integration
 
 VERSION = tuple(int(p) for p in kube_version().split(".")[:2])
-# Partitionable devices: on by default from 1.36 (kube_features.go); device taints: GA in 1.37.
+# Partitionable devices and device taints: on by default from 1.36 (beta; taints GA in 1.37)
 SERVED = VERSION >= (1, 36)
-TAINTS = VERSION >= (1, 37)
 
 
 async def test_the_probes_find_what_the_api_server_serves(api: ApiClient) -> None:
     features = await discover_dra_features(dry_run_create(api), RealClock())
     assert features.partitionable_devices == SERVED
-    if VERSION != (1, 36):  # beta there: what the testbed's gates say (hack/testbed)
-        assert features.device_taints == TAINTS
+    assert features.device_taints == SERVED
     assert features.offer_served == SERVED
 
 

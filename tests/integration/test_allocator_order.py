@@ -5,8 +5,8 @@ read.
 Each test gives one kubelet-less Node a pool of two hand-built ResourceSlices (one with the
 GPU's counter set, one with counter-consuming devices: a slice may carry only one of the two),
 then creates claims and pods one after the other and reads what the scheduler allocated. On
-1.37 partitionable devices and binding conditions are on by default; on 1.34 they are off and
-the API server drops their fields, which the same tests observe instead.
+1.36 and 1.37 partitionable devices and device taints are on by default; on 1.34 they are off
+and the API server drops their fields, which the same tests observe instead.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from migpart.dra import DRIVER
+from migpart.offer.pool import UNUSABLE_TAINT
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
 from migpart.testing.builders import ClaimBuilder, PodBuilder, SliceBuilder, profile_is
-from tests.integration.conftest import apply, eventually, get, patch_status
+from tests.integration.conftest import apply, eventually, get
 
 pytestmark = pytest.mark.integration
 
@@ -29,10 +29,6 @@ GPU = "gpu-0"
 COMPUTE = "compute-slices"
 # On by default from 1.36 (kube_features.go); the testbed sets no feature gates.
 PARTITIONABLE = tuple(int(p) for p in kube_version().split(".")[:2]) >= (1, 36)
-READY = "migpart.io/instance-created"
-FAILED = "migpart.io/instance-failed"
-# A device that binds once its driver reports READY, and fails once it reports FAILED.
-BINDING = {"bindingConditions": [READY], "bindingFailureConditions": [FAILED]}
 
 
 def memory(first: int, count: int) -> dict[str, int]:
@@ -99,12 +95,10 @@ def clean(cluster: Testbed) -> Any:
 
 
 def test_the_api_server_keeps_partitionable_fields_only_where_served(cluster: Testbed) -> None:
-    publish(
-        cluster, "fields", [THREE_LOW], bindingConditions=[READY], bindingFailureConditions=[FAILED]
-    )
+    publish(cluster, "fields", [THREE_LOW], taints=[dict(UNUSABLE_TAINT)])
     device = stored(cluster, "fields")
     assert ("consumesCounters" in device) == PARTITIONABLE
-    assert ("bindingConditions" in device) == PARTITIONABLE
+    assert ("taints" in device) == PARTITIONABLE
     counters = get(cluster, "resourceslice", "fields-counters")["spec"]
     assert ("sharedCounters" in counters) == PARTITIONABLE
 
@@ -170,80 +164,14 @@ def test_counters_of_an_allocated_device_that_left_the_slice_are_free_again(
     assert allocated(cluster, "kept") == SEVEN[0]
 
 
-def test_a_placement_tainted_no_schedule_is_passed_over(cluster: Testbed) -> None:
+def test_a_placement_tainted_unusable_is_passed_over(cluster: Testbed) -> None:
+    """Offer mode's taint of a placement the agent cannot make (offer/pool.py UNUSABLE_TAINT)."""
     bed, node = cluster, "tainted"
     bed.add_node(node)
     devices = SliceBuilder(f"{node}-devices", node).device(THREE_LOW[0], profile="3g.40gb")
-    devices.taint("migpart.io/withheld", "NoSchedule", "planner")
+    devices.taint(UNUSABLE_TAINT["key"], UNUSABLE_TAINT["effect"])
     apply(bed, devices.device(THREE_HIGH[0], profile="3g.40gb").obj())
     claim_and_pod(bed, "untainted", node)
     # DRADeviceTaints: beta (on) from 1.36, GA in 1.37; alpha (off) in 1.34, taint dropped
     expected = THREE_HIGH[0] if PARTITIONABLE else THREE_LOW[0]
     assert eventually(lambda: allocated(bed, "untainted")) == expected
-
-
-def report(bed: Testbed, claim: str, node: str, device: str, condition: str) -> None:
-    """`condition` True on the claim's `device`, as its driver reports it (claim status)."""
-    status = {
-        "devices": [
-            {
-                "driver": DRIVER,
-                "pool": node,
-                "device": device,
-                "conditions": [
-                    {
-                        "type": condition,
-                        "status": "True",
-                        "reason": "Test",
-                        "message": f"{claim}: {condition}",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z",
-                    }
-                ],
-            }
-        ]
-    }
-    patch_status(bed, "resourceclaim", claim, status, "-n", NS)
-
-
-def node_of(bed: Testbed, pod: str) -> str:
-    return str(get(bed, "pod", pod, "-n", NS)["spec"].get("nodeName") or "")
-
-
-def test_a_pod_binds_only_once_its_devices_binding_conditions_are_true(cluster: Testbed) -> None:
-    publish(cluster, "binding", [THREE_LOW], bindsToNode=True, **BINDING)
-    claim_and_pod(cluster, "bound", "binding")
-    assert eventually(lambda: allocated(cluster, "bound")) == THREE_LOW[0]
-    if not PARTITIONABLE:  # the fields were dropped: nothing to wait for
-        assert eventually(lambda: node_of(cluster, "bound")) == "binding"
-        return
-    claim = get(cluster, "resourceclaim", "bound", "-n", NS)["status"]
-    [result] = claim["allocation"]["devices"]["results"]
-    assert result["bindingConditions"] == [READY]
-    assert result["bindingFailureConditions"] == [FAILED]
-    assert claim["allocation"]["nodeSelector"]  # bindsToNode
-    assert node_of(cluster, "bound") == ""  # PreBind waits for the condition
-    report(cluster, "bound", "binding", THREE_LOW[0], READY)
-    assert eventually(lambda: node_of(cluster, "bound")) == "binding"
-
-
-def test_a_binding_failure_sends_the_pod_back_and_frees_the_claim(cluster: Testbed) -> None:
-    publish(cluster, "failing", [THREE_LOW], **BINDING)
-    claim_and_pod(cluster, "failed", "failing")
-    assert eventually(lambda: allocated(cluster, "failed")) == THREE_LOW[0]
-    if not PARTITIONABLE:
-        assert eventually(lambda: node_of(cluster, "failed")) == "failing"
-        return
-    first = get(cluster, "resourceclaim", "failed", "-n", NS)["status"]["allocation"]
-    report(cluster, "failed", "failing", THREE_LOW[0], FAILED)
-
-    def conditions_cleared() -> bool:
-        return "devices" not in get(cluster, "resourceclaim", "failed", "-n", NS)["status"]
-
-    # PreBind sees the failure (it polls every 5 s), PostFilter deallocates the claim, which
-    # drops status.devices with it, and the next attempt allocates afresh: here the same
-    # device, the only one, and PreBind waits for its conditions again
-    eventually(conditions_cleared, timeout=120)
-    assert eventually(lambda: allocated(cluster, "failed")) == THREE_LOW[0]
-    again = get(cluster, "resourceclaim", "failed", "-n", NS)["status"]["allocation"]
-    assert again["allocationTimestamp"] != first["allocationTimestamp"]
-    assert node_of(cluster, "failed") == ""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import re
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -42,10 +43,19 @@ def test_every_version_has_its_module_in_the_repo() -> None:
 
 
 def makefile_words(name: str) -> list[str]:
-    makefile = (source_dir().parents[1] / "Makefile").read_text()
-    match = re.search(rf"^{name} \?= (.*)$", makefile, re.MULTILINE)
-    assert match, f"no {name} in the Makefile"
-    return match.group(1).split()
+    """The words of the Makefile's variable `name`, as make itself expands it."""
+    root = source_dir().parents[1]
+    rule = f"print-variable: ; @echo $({name})"
+    out = subprocess.run(
+        ["make", "-s", "-C", str(root), "--eval", rule, "print-variable"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != name},
+    ).stdout
+    words = out.split()
+    assert words, f"no {name} in the Makefile"
+    return words
 
 
 def test_the_makefile_runs_every_version_the_testbed_builds_and_offer_modules_that_exist() -> None:
