@@ -125,7 +125,11 @@ async def serve(
 ) -> None:
     """Run one agent until cancelled. `backend` overrides the one `config` describes (tests
     pass a simulator they keep a handle on)."""
-    from migpart.agent.plugin import DraDriver, KubeletPlugin  # loads grpc + generated code
+    from migpart.agent.plugin import (  # loads grpc + generated code
+        UNPREPARE_WAIT_S,
+        DraDriver,
+        KubeletPlugin,
+    )
 
     own_backend = backend is None
     nvml = backend if backend is not None else await open_backend(config)
@@ -152,6 +156,7 @@ async def serve(
         offering=agent.offering,
         counted=lambda kind: metrics.operations.labels(config.node, kind).inc(),
         failures=agent.failures,
+        unprepare_wait_s=UNPREPARE_WAIT_S,
     )
     plugin = KubeletPlugin(driver, config.plugin_dir, config.registration_dir)
     if config.kubelet_plugin and config.report_registration:

@@ -22,6 +22,7 @@ is reported for the operator to taint (`migpart.agent.failures`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from dataclasses import dataclass
@@ -83,6 +84,17 @@ class PrepareError(Exception):
     """A claim cannot be prepared (yet); the message goes back to kubelet, which retries."""
 
 
+class AwaitingUnprepare(PrepareError):
+    """An instance prepared for another claim is in the placement's way: kubelet will
+    unprepare that claim (the scheduler freed its counters once its pod was gone)."""
+
+
+# How long a prepare waits for kubelet to unprepare the claim whose instance is in its way,
+# before it fails and kubelet retries: kubelet's retries back off (tens of seconds after a
+# few), while the unprepare of a stopping pod's claim usually comes within a second or two.
+UNPREPARE_WAIT_S = 20.0
+
+
 class DraDriver:
     """Prepare/unprepare logic, independent of the gRPC API version."""
 
@@ -97,12 +109,17 @@ class DraDriver:
         offering: Callable[[], bool] = lambda: False,
         counted: Callable[[OpKind], None] = lambda kind: None,
         failures: PlacementFailures | None = None,
+        unprepare_wait_s: float = 0.0,
     ) -> None:
         self.on_change = on_change  # tells the agent loop to report the new instance states
         # whether the node's MigNode spec says Offer (`MigNodeSpec.allocation`): its pool
         # lists every placement with counters, so prepare may destroy free instances in the way
         self.offering = offering
         self.counted = counted  # an instance created or destroyed here (the agent's metric)
+        # how long a prepare waits for another claim's unprepare (`AwaitingUnprepare`)
+        self.unprepare_wait_s = unprepare_wait_s
+        self._unprepares = 0
+        self._unprepared = asyncio.Event()
         self.node = node
         self.backend = backend
         self.claims = claims
@@ -142,9 +159,10 @@ class DraDriver:
                         failure = await self._make_placement(table, gpu.index, inst)
                         if failure is not None and failure.reason == "Overlap":
                             # in use in the way: its claim may be unprepared in a moment
-                            raise PrepareError(
-                                f"device {device} not created yet: {failure.message}"
-                            )
+                            why = f"device {device} not created yet: {failure.message}"
+                            if self._unprepare_pending(table, gpu.index, inst):
+                                raise AwaitingUnprepare(why)
+                            raise PrepareError(why)
                     else:
                         failure = await create_locked(self.backend, table, gpu.index, inst)
                     if failure is not None:
@@ -193,6 +211,27 @@ class DraDriver:
             self.on_change()
 
     async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+        """Prepare the claim (`_prepare_once`); where another claim's prepared instance is in
+        the way, wait up to `unprepare_wait_s` for kubelet to unprepare it (without the lock:
+        the unprepare takes it) and try again, rather than fail into kubelet's back-off."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.unprepare_wait_s
+        while True:
+            seen = self._unprepares
+            try:
+                return await self._prepare_once(claim)
+            except AwaitingUnprepare:
+                left_s = deadline - loop.time()
+                if left_s <= 0:
+                    raise
+                if self._unprepares != seen:
+                    continue  # an unprepare came meanwhile: try again at once
+                log.info("prepare_awaits_unprepare", claim=f"{claim.namespace}/{claim.name}")
+                self._unprepared.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._unprepared.wait(), left_s)
+
+    async def _prepare_once(self, claim: ClaimRef) -> list[PreparedDevice]:
         done = self.checkpoint.get(claim.uid)
         if done is not None:
             return list(done.devices)
@@ -253,6 +292,8 @@ class DraDriver:
         async with self.checkpoint.lock:
             self.cdi.remove(claim.uid)
             self.checkpoint.remove(claim.uid)
+        self._unprepares += 1
+        self._unprepared.set()
         self._changed()
         log.info("claim_unprepared", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid)
 

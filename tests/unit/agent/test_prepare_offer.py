@@ -9,6 +9,7 @@ Every test here that destroys tries to make it destroy an instance in use."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pynvml
@@ -89,6 +90,35 @@ async def test_an_instance_in_the_way_still_prepared_is_never_destroyed(
     assert await layout(sim) == [("1g.10gb", 0), ("1g.10gb", 1)]
     checkpoint.remove("old")  # kubelet unprepares it; its retry of the new claim goes through
     await driver(tmp_path, sim, claims, checkpoint).prepare(claim(claims, "a", "gpu-0-4g40gb-0"))
+    assert await layout(sim) == [("4g.40gb", 0)]
+
+
+async def test_a_prepare_waits_for_the_unprepare_of_the_claim_in_its_way(
+    tmp_path: Path, sim: SimulatedNvml, checkpoint: Checkpoint
+) -> None:
+    """Rather than fail into kubelet's back-off (tens of seconds after a few tries), a
+    prepare blocked by another claim's prepared instance waits for kubelet's unprepare of it,
+    which comes as the old pod stops, and then goes through."""
+    await sim.create(0, "1g.10gb", 0)
+    claims = InMemoryClaims()
+    plugin = DraDriver(
+        NODE,
+        sim,
+        claims,
+        checkpoint,
+        CdiWriter(tmp_path / "cdi", caps_root=None),
+        offering=lambda: True,
+        unprepare_wait_s=3600.0,  # never reached: the unprepare below ends the wait
+    )
+    await plugin.prepare(claim(claims, "old", "gpu-0-1g10gb-0"))
+    waiting = asyncio.create_task(plugin.prepare(claim(claims, "a", "gpu-0-4g40gb-0")))
+    for _ in range(20):  # let the prepare try and start waiting
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    assert await layout(sim) == [("1g.10gb", 0)]  # prepared: never destroyed while it waits
+    await plugin.unprepare(ClaimRef("team", "uid-old", "old"))
+    [device] = await waiting
+    assert (device.profile, device.start) == ("4g.40gb", 0)
     assert await layout(sim) == [("4g.40gb", 0)]
 
 
