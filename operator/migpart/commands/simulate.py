@@ -17,6 +17,7 @@ from migpart.errors import InvalidInput
 from migpart.mig import CATALOG
 from migpart.planning.model import PolicyView, Spare
 from migpart.sim.layouts import StaticLayout, mig_parted_layouts, read_mig_parted
+from migpart.sim.migpart import MigpartSettings
 from migpart.sim.report import as_json, ratio_line, table
 from migpart.sim.run import BUILTIN, NAMED, VARIANTS, SimConfig, simulate
 from migpart.sim.workload import load_workload
@@ -136,14 +137,16 @@ def _config(args: argparse.Namespace) -> SimConfig:
         seeds=args.seeds,
         load=args.load,
         speedup=args.speedup,
-        batch_window_s=args.batch_window_s,
         actuation_s=args.actuation_s,
-        max_concurrent_nodes=args.max_concurrent_nodes,
-        age_s=args.age_s if args.age_s > 0 else None,
-        spares_total=args.spares_from_mix,
-        hold_used=args.hold_used if args.hold_used > 0 else None,
-        hold_s=args.hold_s,
         planner_policy=PolicyView(spares=spares),
+        migpart=MigpartSettings(
+            batch_window_s=args.batch_window_s,
+            max_concurrent_nodes=args.max_concurrent_nodes,
+            age_s=args.age_s if args.age_s > 0 else None,
+            spares_total=args.spares_from_mix,
+            hold_used=args.hold_used if args.hold_used > 0 else None,
+            hold_s=args.hold_s,
+        ),
     )
 
 

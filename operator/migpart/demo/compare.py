@@ -39,6 +39,7 @@ from migpart.planning.demand import ClaimDemand, claim_demand
 from migpart.planning.model import PolicyView
 from migpart.planning.overtime import AGE_S
 from migpart.sim.engine import Engine
+from migpart.sim.migpart import MigpartSettings
 from migpart.sim.run import SimConfig, empty_cluster, make_policy
 from migpart.sim.workload import SimPod, make_pod
 
@@ -109,13 +110,14 @@ def sim_config(run: DemoRun) -> SimConfig:
         nodes=run.nodes,
         gpus_per_node=run.gpus_per_node,
         policies=COMPARED,
-        batch_window_s=float(spec.reconfiguration.batch_window_seconds),
         actuation_s=NVML_CALLS_PER_GPU * run.sim_latency_ms / 1000.0,
-        max_concurrent_nodes=spec.reconfiguration.max_concurrent_nodes,
-        age_s=AGE_S,
-        spares_total=0,
-        hold_used=None,
         planner_policy=spec.policy_view(),
+        # the operator's knobs; spares from the mix and held nodes, which it lacks, stay off
+        migpart=MigpartSettings(
+            batch_window_s=float(spec.reconfiguration.batch_window_seconds),
+            max_concurrent_nodes=spec.reconfiguration.max_concurrent_nodes,
+            age_s=AGE_S,
+        ),
     )
 
 

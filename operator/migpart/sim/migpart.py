@@ -49,17 +49,26 @@ from migpart.sim.engine import Engine
 from migpart.sim.workload import SimPod
 
 
-@dataclass
-class Migpart:
-    policy: PolicyView = field(default_factory=PolicyView)
+@dataclass(frozen=True, slots=True)
+class MigpartSettings:
+    """migpart's own knobs (`migpart simulate --batch-window-s` to `--spares-from-mix`); the
+    time a GPU change takes and the planner's policy belong to the run, as the other policies
+    take them too."""
+
     batch_window_s: float = 2.0
-    actuation_s: float = 5.0
     max_concurrent_nodes: int = 1
     age_s: float | None = None
     spares_total: int = 0
     mix_window: int = 200
     hold_used: float | None = None
     hold_s: float = 1800.0
+
+
+@dataclass
+class Migpart:
+    policy: PolicyView = field(default_factory=PolicyView)
+    actuation_s: float = 5.0
+    settings: MigpartSettings = field(default_factory=MigpartSettings)
     name: str = "migpart"
     cpu_clock: Callable[[], float] = time.process_time
     rounds: int = 0
@@ -75,7 +84,7 @@ class Migpart:
     def unplaced(self, engine: Engine, pods: Sequence[SimPod]) -> None:
         if not self._round_due:
             self._round_due = True
-            engine.at(engine.now + self.batch_window_s, lambda: self._round(engine))
+            engine.at(engine.now + self.settings.batch_window_s, lambda: self._round(engine))
 
     def released(self, engine: Engine, pod: SimPod, devices: Sequence[Device]) -> None:
         if not engine.pending:
@@ -87,12 +96,12 @@ class Migpart:
                 if node == held:
                     engine.destroy(node, index, inst)
             devices = [d for d in devices if d[0] != held]
-        if self.age_s is None or not devices:
+        if self.settings.age_s is None or not devices:
             return
         now = engine.now
         waiting = [(_request(p, 0), now - p.arrival_s) for p in engine.pending.values()]
         profiles = [inst.profile for _, _, inst in devices]
-        if withdraw_on_release(profiles, waiting, self.age_s):
+        if withdraw_on_release(profiles, waiting, self.settings.age_s):
             for node, index, inst in devices:
                 engine.destroy(node, index, inst)
 
@@ -102,34 +111,35 @@ class Migpart:
 
     def _round(self, engine: Engine) -> None:
         self._round_due = False
+        settings = self.settings
         cluster = engine.cluster
         now = engine.now
         busy = {n for n, t in self._busy_until.items() if t > now}
-        room = self.max_concurrent_nodes - len(busy)
+        room = settings.max_concurrent_nodes - len(busy)
         pending = list(engine.pending.values())
-        if room <= 0 or (not pending and not self.policy.spares and not self.spares_total):
+        if room <= 0 or (not pending and not self.policy.spares and not settings.spares_total):
             return
         idle = [n for n in range(len(cluster.names)) if n not in busy]
         requests = [_request(p, 0) for p in pending]
         waited = {p.name: now - p.arrival_s for p in pending}
-        if self.age_s is not None:
-            requests = aged(requests, waited, self.age_s)
+        if settings.age_s is not None:
+            requests = aged(requests, waited, settings.age_s)
         policy = self.policy
-        if self.spares_total:
-            recent = [_request(p, 0) for p in engine.arrivals[-self.mix_window :]]
-            policy = replace(policy, spares=spares_from_mix(recent, self.spares_total))
+        if settings.spares_total:
+            recent = [_request(p, 0) for p in engine.arrivals[-settings.mix_window :]]
+            policy = replace(policy, spares=spares_from_mix(recent, settings.spares_total))
         document = snapshot_document(cluster, idle, requests)
         started = self.cpu_clock()
         parsed = parse_input(document, Parsers(policy=lambda _: policy, profile=_no_table))
         planned: Sequence[Request] = parsed.requests
-        if self.hold_used is not None:
+        if settings.hold_used is not None:
             self._hold = held_node(
                 parsed.snapshot,
                 planned,
-                self.hold_used,
+                settings.hold_used,
                 engine.longest_running(),
                 waited,
-                self.hold_s,
+                settings.hold_s,
             )
             if self._hold is not None:
                 planned = kept_off(planned, self._hold, cluster.names)
@@ -142,7 +152,7 @@ class Migpart:
             _in_node_order(changes, cluster.names),
             [cluster.names[n] for n in busy],
             planned_plan,
-            self.max_concurrent_nodes,
+            settings.max_concurrent_nodes,
         )
         self._apply(engine, changes, chosen, result)
         held = self._held(engine)

@@ -165,9 +165,9 @@ def as_json(result: SimResult) -> dict[str, Any]:
             "seeds": config.seeds,
             "load": config.load,
             "speedup": config.speedup,
-            "batchWindowS": config.batch_window_s,
+            "batchWindowS": config.migpart.batch_window_s,
             "actuationS": config.actuation_s,
-            "maxConcurrentNodes": config.max_concurrent_nodes,
+            "maxConcurrentNodes": config.migpart.max_concurrent_nodes,
         },
         "bestStaticMix": None
         if result.best_static_mix is None

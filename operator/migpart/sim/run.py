@@ -17,10 +17,11 @@ from migpart.errors import InvalidInput
 from migpart.mig import ModelTable
 from migpart.planning.listing import name_order
 from migpart.planning.model import PolicyView
+from migpart.planning.overtime import AGE_S
 from migpart.sim.cluster import SimCluster
 from migpart.sim.engine import Engine, Outcome, Policy
 from migpart.sim.layouts import StaticLayout, balanced, shapes, uniform, whole
-from migpart.sim.migpart import Migpart
+from migpart.sim.migpart import Migpart, MigpartSettings
 from migpart.sim.offer import Offer
 from migpart.sim.policies import FirstFit, Static, whole_gpu_pods
 from migpart.sim.workload import SimPod, at_load, jittered, sped_up
@@ -34,6 +35,8 @@ NAMED = (*BUILTIN, *VARIANTS)
 # Candidate mixes the best-static search may try, the first included.
 _SEARCH_EVALUATIONS = 24
 _SEARCH_SHAPES = ("7", "4+3", "3+3", "3+2+1+1", "4+2+1", "2+2+2+1", "1+1+1+1+1+1+1")
+# migpart as `migpart simulate` runs it unless told otherwise: ageing on, holds at half used.
+DEFAULT_MIGPART = MigpartSettings(age_s=AGE_S, hold_used=0.5)
 
 
 @dataclass
@@ -46,14 +49,9 @@ class SimConfig:
     seeds: int = 1
     load: float | None = None
     speedup: float = 1.0
-    batch_window_s: float = 2.0
     actuation_s: float = 5.0
-    max_concurrent_nodes: int = 1
-    age_s: float | None = 1200.0
-    spares_total: int = 0
-    hold_used: float | None = 0.5
-    hold_s: float = 1800.0
     planner_policy: PolicyView = field(default_factory=PolicyView)
+    migpart: MigpartSettings = DEFAULT_MIGPART
 
     @property
     def capacity_slices(self) -> int:
@@ -141,16 +139,7 @@ def make_policy(
     if name == "first-fit":
         return FirstFit(config.actuation_s), pods
     if name == "migpart":
-        return Migpart(
-            policy=config.planner_policy,
-            batch_window_s=config.batch_window_s,
-            actuation_s=config.actuation_s,
-            max_concurrent_nodes=config.max_concurrent_nodes,
-            age_s=config.age_s,
-            spares_total=config.spares_total,
-            hold_used=config.hold_used,
-            hold_s=config.hold_s,
-        ), pods
+        return Migpart(config.planner_policy, config.actuation_s, config.migpart), pods
     if name == "offer":
         return Offer(config.actuation_s, config.planner_policy), pods
     if name == "offer-name-order":

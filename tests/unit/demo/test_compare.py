@@ -55,11 +55,11 @@ def test_sim_config_takes_the_runs_policy_and_latency() -> None:
     run = DemoRun(H100, (), 60.0, nodes=3, gpus_per_node=4, sim_latency_ms=20.0)
     config = sim_config(run)
     assert (config.nodes, config.gpus_per_node) == (3, 4)
-    assert config.batch_window_s == run.batch_window_s
-    assert config.max_concurrent_nodes == run.max_concurrent_nodes
+    assert config.migpart.batch_window_s == run.batch_window_s
+    assert config.migpart.max_concurrent_nodes == run.max_concurrent_nodes
     assert config.actuation_s == pytest.approx(NVML_CALLS_PER_GPU * 0.020)
-    assert config.spares_total == 0
-    assert config.hold_used is None
+    assert config.migpart.spares_total == 0
+    assert config.migpart.hold_used is None
 
 
 def test_measured_at_the_end_of_the_replay() -> None:

@@ -11,7 +11,7 @@ from migpart.planning.model import PolicyView, Spare
 from migpart.sim.cluster import Device, SimCluster
 from migpart.sim.engine import Engine
 from migpart.sim.layouts import balanced, uniform, whole
-from migpart.sim.migpart import Migpart
+from migpart.sim.migpart import Migpart, MigpartSettings
 from migpart.sim.policies import FirstFit, Static, whole_gpu_pods
 from migpart.sim.workload import SimPod, make_pod
 
@@ -67,7 +67,7 @@ def test_first_fit_packs_the_first_gpu_and_node() -> None:
 
 def test_migpart_repartitions_after_the_window_and_the_actuation() -> None:
     # A free all-balanced GPU; a 7g pod needs the free instances destroyed and a 7g created.
-    policy = Migpart(batch_window_s=2, actuation_s=5)
+    policy = Migpart(actuation_s=5, settings=MigpartSettings(batch_window_s=2))
     cluster = SimCluster(H100, 1, 1)
     for inst in uniform(H100, balanced(H100), 1)[0]:
         cluster.add(0, 0, inst, ready=True, holder=None)
@@ -81,7 +81,7 @@ def test_migpart_repartitions_after_the_window_and_the_actuation() -> None:
 def test_migpart_never_destroys_an_instance_in_use() -> None:
     # a holds the 3g at 0 for long; b asks the whole GPU, which only destroying a frees.
     pods = [pod("a", 0, 1000, "3g.40gb"), pod("b", 1, 10, "7g.80gb"), pod("c", 2, 10, "1g.10gb")]
-    policy = Migpart(batch_window_s=2, actuation_s=5)
+    policy = Migpart(actuation_s=5, settings=MigpartSettings(batch_window_s=2))
     cluster = SimCluster(H100, 1, 1)
     for inst in uniform(H100, balanced(H100), 1)[0]:
         cluster.add(0, 0, inst, ready=True, holder=None)
@@ -107,8 +107,16 @@ def test_migpart_keeps_spares_free_for_arrivals() -> None:
 def test_max_concurrent_nodes_holds_back_the_second_node() -> None:
     pods = [pod("a", 0, 100, "7g.80gb", count=1), pod("b", 0, 100, "7g.80gb", count=1)]
     # One GPU per node: each pod needs its own node reconfigured.
-    one = Engine(SimCluster(H100, 2, 1), pods, Migpart(actuation_s=5, max_concurrent_nodes=1))
-    two = Engine(SimCluster(H100, 2, 1), pods, Migpart(actuation_s=5, max_concurrent_nodes=2))
+    one = Engine(
+        SimCluster(H100, 2, 1),
+        pods,
+        Migpart(actuation_s=5, settings=MigpartSettings(max_concurrent_nodes=1)),
+    )
+    two = Engine(
+        SimCluster(H100, 2, 1),
+        pods,
+        Migpart(actuation_s=5, settings=MigpartSettings(max_concurrent_nodes=2)),
+    )
     assert sorted(one.run().waits_s) == [7, 14]
     assert sorted(two.run().waits_s) == [7, 7]
 
@@ -128,7 +136,9 @@ def test_ageing_stops_a_stream_of_whole_gpu_pods_from_overtaking_a_small_one() -
     def small_wait(age_s: float | None) -> float:
         cluster = SimCluster(H100, 1, 1)
         cluster.add(0, 0, Instance("7g.80gb", 0), ready=True, holder=None)
-        out = Engine(cluster, pods, Migpart(actuation_s=5, age_s=age_s)).run()
+        out = Engine(
+            cluster, pods, Migpart(actuation_s=5, settings=MigpartSettings(age_s=age_s))
+        ).run()
         return out.waits_s[1]
 
     assert small_wait(None) > 700  # behind every whole-GPU pod
@@ -157,7 +167,7 @@ def test_withdrawing_keeps_the_instances_in_use_beside_the_freed_one() -> None:
     cluster = SimCluster(H100, 1, 1)
     for inst in (Instance("3g.40gb", 0), Instance("3g.40gb", 4)):
         cluster.add(0, 0, inst, ready=True, holder=None)
-    out = Engine(cluster, pods, Migpart(actuation_s=5, age_s=600)).run()
+    out = Engine(cluster, pods, Migpart(actuation_s=5, settings=MigpartSettings(age_s=600))).run()
     keep, leave, small, young = out.waits_s
     assert keep == leave == 0
     assert small == pytest.approx(3000 - 1 + 2 + 5)  # the freed 3g was withdrawn for it
@@ -173,7 +183,9 @@ def test_a_node_is_held_for_a_multi_gpu_pod_only_behind_young_pods() -> None:
         pods += [pod("s", 0, s, "7g.80gb"), pod("m", multi_at, 100, "7g.80gb", count=2)]
         pods += [pod("t", multi_at + 15, 100_000, "7g.80gb")]
         pods.sort(key=lambda p: p.arrival_s)
-        policy = Migpart(actuation_s=5, age_s=1200, hold_used=hold_used, hold_s=1800)
+        policy = Migpart(
+            actuation_s=5, settings=MigpartSettings(age_s=1200, hold_used=hold_used, hold_s=1800)
+        )
         out = Engine(SimCluster(H100, 2, 2), pods, policy).run()
         assert out.served == len(pods)  # the cluster refuses to destroy an instance in use
         return dict(zip([p.name for p in pods], out.waits_s, strict=True))
