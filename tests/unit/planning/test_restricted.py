@@ -13,15 +13,7 @@ from hypothesis import strategies as st
 
 from migpart.mig import CATALOG, Instance, addable_placements
 from migpart.planning.greedy import Greedy
-from migpart.planning.model import (
-    GpuState,
-    InstanceState,
-    NodeState,
-    Plan,
-    PolicyView,
-    Request,
-    Snapshot,
-)
+from migpart.planning.model import Plan, PolicyView, Request, Snapshot
 from migpart.planning.planner import plan
 from tests.unit.planning.contract import check_plan
 from tests.unit.planning.factories import gpu, req, snap
@@ -50,11 +42,10 @@ def cluster(rng: random.Random, nodes: int, requests: int) -> tuple[Snapshot, li
     """Random nodes of 1 to 4 GPUs, partly cut and used; requests as the operator sends them:
     most restricted to every node (a policy's), some to a labelled half or a few nodes (a
     node selector), a few unrestricted; single, multi-device and same-GPU."""
-    snapshot_nodes = []
+    gpus = []
     for n in range(nodes):
         model = rng.choice(MODELS)
         table = CATALOG[model]
-        gpus = []
         for g in range(rng.randint(1, 4)):
             layout: list[Instance] = []
             while rng.random() < 0.6:
@@ -62,10 +53,10 @@ def cluster(rng: random.Random, nodes: int, requests: int) -> tuple[Snapshot, li
                 if not options:
                     break
                 layout.append(rng.choice(options))
-            instances = tuple(InstanceState(i.profile, i.start, rng.random() < 0.5) for i in layout)
-            gpus.append(GpuState(f"n{n}", g, model, instances))
-        snapshot_nodes.append(NodeState(f"n{n}", tuple(gpus)))
-    names = [n.name for n in snapshot_nodes]
+            instances = [(i.profile, i.start, rng.random() < 0.5) for i in layout]
+            gpus.append(gpu(f"n{n}", g, *instances, model=model))
+    snapshot = snap(*gpus)
+    names = [n.name for n in snapshot.nodes]
     labelled = [name for name in names if rng.random() < 0.5]
     profiles = sorted({p.name for m in MODELS for p in CATALOG[m].profiles if "+" not in p.name})
     reqs = []
@@ -81,16 +72,16 @@ def cluster(rng: random.Random, nodes: int, requests: int) -> tuple[Snapshot, li
         else:
             nodes = None
         reqs.append(
-            Request(
+            req(
                 f"r{i}",
-                tuple(rng.sample(profiles, rng.randint(1, 3))),
-                count,
-                rng.choice([0, 0, 1]),
-                nodes,
-                count > 1 and rng.random() < 0.3,
+                *rng.sample(profiles, rng.randint(1, 3)),
+                count=count,
+                priority=rng.choice([0, 0, 1]),
+                nodes=nodes,
+                same_gpu=count > 1 and rng.random() < 0.3,
             )
         )
-    return Snapshot(tuple(snapshot_nodes)), reqs
+    return snapshot, reqs
 
 
 @SETTINGS
