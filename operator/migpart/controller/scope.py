@@ -166,6 +166,9 @@ class ScopeCache:
         self._owners: dict[str, tuple[Mapping[str, str], str | None]] = {}
         self._owners_key: tuple[tuple[str, str, str], ...] = ()
         self._world = _World()
+        # the valid policies and the DeviceClasses of the world, as `refresh` last saw them
+        self._world_policies: Mapping[str, GpuPartitionPolicy] = {}
+        self._classes: Mapping[str, Body] = {}
         self._policy_nodes: dict[str, _PolicyNodes] = {}
         # policy -> its unavailable nodes with their reasons (Cluster.unavailable)
         self._unavailable: dict[str, list[tuple[str, str]]] = {}
@@ -288,6 +291,7 @@ class ScopeCache:
             self._cuts = {}
         self._order = [p for p in order if by_policy.get(p)]
         self._prepared = frozenset().union(*(v.prepared for v in views if v.prepared))
+        self._world_policies, self._classes = policies, cluster.device_classes
         self._policy_nodes = {
             p: _PolicyNodes(
                 views=tuple(views),
@@ -352,15 +356,9 @@ class ScopeCache:
 
     # ------------------------------------------------------------------ claims
 
-    def outcome(
-        self,
-        claim: Body,
-        placements: tuple[Placement, ...],
-        policies: Mapping[str, GpuPartitionPolicy],
-        classes: Mapping[str, Body],
-    ) -> _Outcome:
-        """The claim's outcome in the current world, computed only if something it depends
-        on changed."""
+    def outcome(self, claim: Body, placements: tuple[Placement, ...]) -> _Outcome:
+        """The claim's outcome in the current world (`refresh`), computed only if something
+        it depends on changed."""
         uid = uid_of(claim) or body_key(claim)
         revision = revision_of(claim)
         entry = self._claims.get(uid)
@@ -374,7 +372,7 @@ class ScopeCache:
         ):
             return entry.outcome
         self.computed += 1
-        outcome = self._compute(claim, placements, policies, classes)
+        outcome = self._compute(claim, placements)
         self._claims[uid] = _ClaimEntry(revision, placements, world, outcome)
         return outcome
 
@@ -384,13 +382,7 @@ class ScopeCache:
         for uid in [u for u in self._claims if u not in keep]:
             del self._claims[uid]
 
-    def _compute(
-        self,
-        claim: Body,
-        placements: tuple[Placement, ...],
-        policies: Mapping[str, GpuPartitionPolicy],
-        classes: Mapping[str, Body],
-    ) -> _Outcome:
+    def _compute(self, claim: Body, placements: tuple[Placement, ...]) -> _Outcome:
         # where the claim's pods may run: a policy with none of those nodes cannot serve it
         allowed = self._filter.allowed(placements)
         priority = max((int(p.get("priority") or 0) for p in placements), default=0)
@@ -401,9 +393,9 @@ class ScopeCache:
                 continue
             got = demand.claim_demand(
                 claim,
-                classes,
+                self._classes,
                 cut.tables,
-                policies[candidate].spec.policy_view(),
+                self._world_policies[candidate].spec.policy_view(),
                 CEL,
                 policy_name=candidate,
                 priority=priority,
@@ -436,9 +428,7 @@ class ScopeCache:
             pending_uids.append(uid_of(claim) or key)
             if not self._order:
                 continue
-            outcome = self.outcome(
-                claim, tuple(cluster.waiting[key]), policies, cluster.device_classes
-            )
+            outcome = self.outcome(claim, tuple(cluster.waiting[key]))
             if outcome.owner == policy_name and outcome.request is not None:
                 requests.append(outcome.request)
                 pending += 1
