@@ -1,68 +1,10 @@
-"""pydantic models of the migpart CRDs: the single source of truth for crds/*.yaml."""
+"""The migpart CRDs as pydantic models: the single source of truth for crds/*.yaml.
 
-from migpart.api.models import (
-    API_VERSION,
-    GROUP,
-    MIGNODE_KIND,
-    MIGNODE_PLURAL,
-    POLICY_KIND,
-    POLICY_PLURAL,
-    VERSION,
-    Condition,
-    GpuPartitionPolicy,
-    GpuPartitionPolicySpec,
-    GpuPartitionPolicyStatus,
-    GpuSpec,
-    GpuStatus,
-    InstanceStateName,
-    KubeletPluginStatus,
-    LastPlan,
-    MigInstanceSpec,
-    MigInstanceStatus,
-    MigNode,
-    MigNodeSpec,
-    MigNodeStatus,
-    MigNodeSummary,
-    PolicyMode,
-    ProfileFilter,
-    ProfileInfo,
-    Reconfiguration,
-    SpareSpec,
-    UnavailableNode,
-    condition_status,
-)
-from migpart.api.selectors import LabelSelector, LabelSelectorRequirement
+- `models`: GpuPartitionPolicy and MigNode, their spec and status, the group and version;
+- `base`: the models' base (camelCase, frozen, unknown fields refused) and schema helpers;
+- `selectors`: label selectors as a model, and `--node-selector`;
+- `leases`: an agent's node Lease;
+- `crdgen`: `python -m migpart.api.crdgen`, the CRD YAML from the models.
 
-__all__ = [
-    "API_VERSION",
-    "GROUP",
-    "MIGNODE_KIND",
-    "MIGNODE_PLURAL",
-    "POLICY_KIND",
-    "POLICY_PLURAL",
-    "VERSION",
-    "Condition",
-    "GpuPartitionPolicy",
-    "GpuPartitionPolicySpec",
-    "GpuPartitionPolicyStatus",
-    "GpuSpec",
-    "GpuStatus",
-    "InstanceStateName",
-    "KubeletPluginStatus",
-    "LabelSelector",
-    "LabelSelectorRequirement",
-    "LastPlan",
-    "MigInstanceSpec",
-    "MigInstanceStatus",
-    "MigNode",
-    "MigNodeSpec",
-    "MigNodeStatus",
-    "MigNodeSummary",
-    "PolicyMode",
-    "ProfileFilter",
-    "ProfileInfo",
-    "Reconfiguration",
-    "SpareSpec",
-    "UnavailableNode",
-    "condition_status",
-]
+Import the names from their module (`migpart.api.models`, ...).
+"""

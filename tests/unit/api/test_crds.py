@@ -14,10 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from migpart.api import GpuPartitionPolicySpec
 from migpart.api.crdgen import crd_schema, main, mignode_crd, policy_crd, render
 from migpart.api.crdgen import structural_problems as problems
-from migpart.api.models import GROUP
+from migpart.api.models import GROUP, GpuPartitionPolicySpec
 from migpart.mig.profiles import PROFILE_NAME_RE
 
 REPO = Path(__file__).parents[3]

@@ -11,18 +11,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from migpart.api import (
+from migpart.api.models import (
     Condition,
     GpuPartitionPolicy,
     GpuPartitionPolicySpec,
     GpuStatus,
-    LabelSelector,
     MigNode,
     MigNodeSpec,
     MigNodeStatus,
     ProfileInfo,
     condition_status,
 )
+from migpart.api.selectors import LabelSelector
 from migpart.mig import CATALOG, Instance
 from migpart.planning.model import PolicyView, Spare
 
