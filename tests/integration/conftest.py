@@ -33,7 +33,7 @@ from migpart.api.models import (
     MigNodeStatus,
 )
 from migpart.clock import RealClock
-from migpart.controller.handlers import OperatorConfig, build_registry
+from migpart.controller.handlers import OperatorConfig, operate
 from migpart.controller.metrics import Metrics
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
 from migpart.dra import DRIVER, micro_time
@@ -351,23 +351,11 @@ def running_operator(cluster: Testbed, **config: Any) -> Iterator[RunningOperato
         running.loop = loop
         asyncio.set_event_loop(loop)
         try:
+            operator_config = OperatorConfig(
+                cluster.kubeconfig, Metrics(), RealClock(), hooks=running.hooks, **settings
+            )
             loop.run_until_complete(
-                kopf.operator(
-                    registry=build_registry(
-                        OperatorConfig(
-                            cluster.kubeconfig,
-                            Metrics(),
-                            RealClock(),
-                            hooks=running.hooks,
-                            **settings,
-                        )
-                    ),
-                    clusterwide=True,
-                    standalone=True,
-                    ready_flag=running.ready,
-                    stop_flag=running.stop,
-                    memo=running.memo,
-                )
+                operate(operator_config, running.memo, running.ready, running.stop)
             )
         except BaseException as e:  # noqa: BLE001 - handed to the test thread, re-raised there
             running.error = e

@@ -25,7 +25,7 @@ from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
 from migpart.api.selectors import DEFAULT_NODE_SELECTOR, LabelSelector, parse_node_selector
 from migpart.clock import RealClock
 from migpart.commands.options import Parser, log_level, port
-from migpart.controller.handlers import Election, OperatorConfig, build_registry
+from migpart.controller.handlers import Election, OperatorConfig, operate
 from migpart.controller.health import REGISTRATION_GRACE_S, await_crds, serve
 from migpart.controller.metrics import Metrics
 from migpart.kube.client import KubeconfigError, api_client, load_configuration
@@ -257,13 +257,7 @@ async def run(args: argparse.Namespace) -> None:
         # kopf starts once the CRDs are served. Until then /readyz says what it waits for.
         async with api_client(client_config) as api:
             await await_crds(api, served, config.clock)
-        await kopf.operator(
-            registry=build_registry(config),
-            clusterwide=True,
-            standalone=True,  # one writer by leader election, not kopf's peering
-            ready_flag=ready,
-            memo=memo,
-        )
+        await operate(config, memo, ready)
     finally:
         if runner is not None:
             await runner.cleanup()

@@ -4,7 +4,8 @@ The handlers themselves live where their subject does: the indexes in `indexes.p
 planning loop in `loop.py` (one per policy, started and stopped from the policy watch here,
 run by `workers.py`), the slice publisher in `kube/slice_publisher.py` and the slice watch in
 `kube/slice_watch.py`. `build_registry` puts them on a registry of its own rather than kopf's
-global one, so that a test can run a whole operator in-process next to its own test code.
+global one, so that a test can run a whole operator in-process next to its own test code;
+`operate` runs kopf on it, for `migpart operator` and for those tests alike.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -468,3 +470,21 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.event(GROUP, VERSION, POLICY_PLURAL, registry=registry)(policy_changed)
     return registry
+
+
+async def operate(
+    config: OperatorConfig,
+    memo: kopf.Memo,
+    ready_flag: asyncio.Event | threading.Event,
+    stop_flag: threading.Event | None = None,
+) -> None:
+    """kopf running the operator's handlers until `stop_flag` is set (or it is cancelled):
+    cluster-wide, and standalone (one writer by leader election, not kopf's peering)."""
+    await kopf.operator(
+        registry=build_registry(config),
+        clusterwide=True,
+        standalone=True,
+        ready_flag=ready_flag,
+        stop_flag=stop_flag,
+        memo=memo,
+    )
