@@ -24,7 +24,17 @@ kubelets here). On a seeded schedule it injects:
 - sabotage (only when asked for, a check of the monitor): an instance in use removed from
   its GPU behind the agent's back, as a buggy agent would; the monitor must count it;
 - nvml: INSUFFICIENT_RESOURCES on create, IN_USE on destroy and TIMEOUT, injected by the
-  simulator at `--nvml-faults` rates (counted from the agents' logs).
+  simulator at `--nvml-faults` rates (counted from the agents' logs);
+- prepare-crash (with `--offer` only): every agent armed to end (exit 137, as SIGKILL) right
+  after the next destroy or create made inside a prepare (the simulator's crash points,
+  `--sim-faults crash_after`): between the destroy that made room and the create, or between
+  the create and the CDI write; the first to end is started again 1-3 s later, the others are
+  disarmed.
+
+With `--offer` the operators run with `--offer-publishing` and the policy asks for
+`allocation: Offer`: every node publishes its stable pool and the agents make instances when
+the stand-in kubelet prepares a claim (docs/offer-mode.md). Where the server does not serve
+offer mode (before Kubernetes 1.36) the harness says so and exits with 2 before any fault.
 
 An invariant monitor reads the API server, the agents' checkpoints and the simulated GPUs'
 state every second and counts:
@@ -35,7 +45,8 @@ state every second and counts:
   GPU's instances are not counted while it is lost: no agent can see them);
 - stuck: a pod pending for more than 120 s (the pod stream keeps the load below capacity, so
   a plan for it exists);
-- double-allocated: two claims allocated the same device;
+- double-allocated: two claims allocated the same device, or two placements of one GPU that
+  share a memory slice (offer mode lists every placement; its counters must prevent it);
 - non-leader-writes: a MigNode or slice write stamped by an operator while it did not hold the
   election Lease (bench/chaos_faults.py).
 
@@ -65,12 +76,21 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client, config
 
-from bench.chaos_counters import FAULTS, LABELS, MODEL, POLICY, SELF_CHECKS
+from bench.chaos_counters import (
+    FAULTS,
+    LABELS,
+    MODEL,
+    OFFER_FAULTS,
+    POLICY_NAME,
+    SELF_CHECKS,
+    policy,
+)
 from bench.chaos_faults import (
     MainOperator,
     Proxy,
 )
 from bench.chaos_harness import Chaos
+from migpart.agent.simulator import CRASHED_FILE
 from migpart.demo.cluster import REPO, LocalCluster
 from migpart.demo.replay import NAMESPACE, claim_template
 from migpart.demo.run import agents_ready
@@ -88,7 +108,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gpus-per-node", type=int, default=4)
     p.add_argument("--pods", type=int, default=0, help="trace pods (0: 3 per GPU)")
     p.add_argument("--fault-every", type=float, default=3.0, help="mean seconds between faults")
-    p.add_argument("--faults", default=",".join(FAULTS), help="kinds to inject")
+    p.add_argument(
+        "--faults",
+        default=None,
+        help=f"kinds to inject (default: all; {', '.join(OFFER_FAULTS)} with --offer only)",
+    )
+    p.add_argument(
+        "--offer",
+        action="store_true",
+        help="offer mode: the operators with --offer-publishing, the policy asks for Offer",
+    )
     p.add_argument(
         "--nvml-faults",
         default="create_insufficient=0.05,destroy_in_use=0.05,timeout=0.01",
@@ -97,15 +126,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sim-latency-ms", type=float, default=100.0)
     p.add_argument("--dir", type=Path, default=None, help="work dir (default: a temp dir)")
     args = p.parse_args(argv)
-    kinds = [k for k in args.faults.split(",") if k]
-    unknown = sorted(set(kinds) - set(FAULTS) - set(SELF_CHECKS))
+    every = FAULTS + OFFER_FAULTS if args.offer else FAULTS
+    kinds = [k for k in (args.faults or ",".join(every)).split(",") if k]
+    unknown = sorted(set(kinds) - set(FAULTS) - set(OFFER_FAULTS) - set(SELF_CHECKS))
     if unknown:
-        known = ", ".join(FAULTS + SELF_CHECKS)
+        known = ", ".join(FAULTS + OFFER_FAULTS + SELF_CHECKS)
         p.error(f"--faults: unknown {', '.join(unknown)} (known: {known})")
+    if set(kinds) & set(OFFER_FAULTS) and not args.offer:
+        p.error(f"--faults: {', '.join(OFFER_FAULTS)} needs --offer")
     if args.nodes < 1 or args.duration <= 0 or args.fault_every <= 0:
         p.error("--nodes, --duration and --fault-every must be positive")
     args.kinds = kinds
     return args
+
+
+def allocation(testbed: Testbed) -> dict[str, Any]:
+    """The policy's allocation mode in effect and why (empty until the operator says)."""
+    body = json.loads(testbed.kubectl("get", "gpupartitionpolicy", POLICY_NAME, "-o", "json"))
+    return dict((body.get("status") or {}).get("allocation") or {})
 
 
 def nvml_faults(cluster: LocalCluster) -> Counter[str]:
@@ -137,7 +175,8 @@ def main(argv: list[str]) -> int:
         max_life_s=max(10.0, args.duration / 6),
     )
     print(
-        f"chaos: seed {args.seed}, work dir {work}, {len(pods)} pods, faults {args.kinds}; "
+        f"chaos: seed {args.seed}, work dir {work}, {len(pods)} pods, faults {args.kinds}"
+        f"{', offer mode asked for' if args.offer else ''}; "
         "kubelets: a light stand-in (bench/stand_in_kubelet.py), no real kubelets"
     )
     testbed = Testbed(work / "testbed")
@@ -155,6 +194,12 @@ def main(argv: list[str]) -> int:
         cluster.install()
         for i in range(args.nodes):
             sim_faults = f"{args.nvml_faults},seed={args.seed * 1000 + i}".lstrip(",")
+            if "prepare-crash" in args.kinds:
+                # armed by prepare-crash, which deletes the marker; disarmed until then
+                sim_faults += ",crash_after=prepare_destroy+prepare_create"
+                marker = work / "nodes" / f"chaos-node-{i + 1}" / "state" / CRASHED_FILE
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text('{"point": "disarmed by the harness"}\n')
             cluster.add_gpu_node(
                 f"chaos-node-{i + 1}",
                 f"{MODEL}:{args.gpus_per_node}",
@@ -164,9 +209,19 @@ def main(argv: list[str]) -> int:
                 kubelet=False,
             )
         cluster.wait_for("every agent to report its GPUs", lambda: agents_ready(cluster))
-        testbed.kubectl("apply", "-f", "-", input=POLICY)
-        main_operator = MainOperator()
+        testbed.kubectl("apply", "-f", "-", input=policy(args.offer))
+        main_operator = MainOperator(("--offer-publishing",) if args.offer else ())
         main_operator.start(cluster)
+        cluster.wait_for("the policy's allocation mode", lambda: bool(allocation(testbed)))
+        mode = allocation(testbed)
+        print(f"allocation in effect: {mode.get('mode')} ({mode.get('reason')})", flush=True)
+        if args.offer and mode.get("mode") != "Offer":
+            print(
+                "chaos: --offer, but offer mode is not in effect on this server (it needs"
+                " partitionable devices, Kubernetes 1.36+): no faults injected",
+                flush=True,
+            )
+            return 2
         chaos = asyncio.run(_run(args, cluster, pods, table, proxy, main_operator))
     finally:
         cluster.stop()
@@ -183,6 +238,7 @@ def main(argv: list[str]) -> int:
         "agent-freeze",
         "apiserver-restart",
         "etcd-restart",
+        "prepare-crash",
     )
     where = Counter(
         f"{n.split()[0]} ({n.rsplit(' (', 1)[-1]}" for n in chaos.c.notes if n.startswith(timed)

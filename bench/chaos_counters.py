@@ -21,7 +21,18 @@ from migpart.testing.invariants import Device
 MODEL = "NVIDIA H100 80GB HBM3"
 LABELS = {f"{GROUP}/chaos": "true"}
 RECONFIGURATION = {"batchWindowSeconds": 1, "maxConcurrentNodes": 2}
-POLICY = json.dumps(PolicyBuilder("chaos").pool(LABELS).spec(reconfiguration=RECONFIGURATION).obj())
+POLICY_NAME = "chaos"
+
+
+def policy(offer: bool) -> str:
+    """The harness's policy: Auto (Reactive, the operators not publishing offers), or with
+    `--offer` Offer (Reactive, and said so, where the server does not serve it)."""
+    body = PolicyBuilder(POLICY_NAME).pool(LABELS).spec(reconfiguration=RECONFIGURATION)
+    if offer:
+        body.spec(allocation="Offer")
+    return json.dumps(body.obj())
+
+
 FAULTS = (
     "agent-kill",
     "operator-kill",
@@ -33,6 +44,9 @@ FAULTS = (
     "gpu-lost",
     *ELECTION_FAULTS,
 )
+# Offer mode's own (`--offer`): an agent ended inside a prepare, between the destroy that made
+# room and the create, or between the create and the CDI write (the simulator's crash points).
+OFFER_FAULTS = ("prepare-crash",)
 # Not a fault migpart must survive but a check of the monitor: a buggy agent destroys an
 # instance in use (the monitor must count it).
 SELF_CHECKS = ("sabotage",)
@@ -46,6 +60,7 @@ FAULT_TARGETS = {
     "agent-freeze": "agents",
     "node-delete": "agents",
     "gpu-lost": "agents",
+    "prepare-crash": "agents",
 }
 LEAK_S = 60.0
 STUCK_S = 120.0

@@ -204,16 +204,18 @@ class ElectionMonitor:
 
 class MainOperator:
     """The harness's own operator (`LocalCluster.start_operator`), named for the election
-    monitor: a new name per start, as a new process is a new candidate."""
+    monitor: a new name per start, as a new process is a new candidate. `flags` go to every
+    operator the harness starts (`--offer-publishing` with `--offer`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, flags: tuple[str, ...] = ()) -> None:
         self.starts = 0
         self.identity = ""
+        self.flags = flags
 
     def start(self, cluster: Any) -> None:
         self.starts += 1
         self.identity = f"operator-main-{self.starts}"
-        cluster.start_operator("--leader-elect-identity", self.identity)
+        cluster.start_operator("--leader-elect-identity", self.identity, *self.flags)
 
 
 class ElectionFaults:
@@ -272,7 +274,7 @@ class ElectionFaults:
     def _spawn(self, role: str) -> str:
         self._spawned += 1
         name = f"operator-{role}-{self._spawned}"
-        self.cluster.spawn_operator(name, "--leader-elect-identity", name)
+        self.cluster.spawn_operator(name, "--leader-elect-identity", name, *self.main.flags)
         return name
 
     def _leader_pid(self) -> tuple[str, int] | None:

@@ -19,6 +19,7 @@ from bench.chaos_counters import (
     FAULT_TARGETS,
     LABELS,
     LEAK_S,
+    MODEL,
     STUCK_S,
     Counters,
     Pod,
@@ -35,13 +36,17 @@ from bench.chaos_faults import (
     Proxy,
 )
 from bench.stand_in_kubelet import SimKubelet
-from migpart.agent.simulator import LOST_FILE
+from migpart.agent.simulator import CRASHED_FILE, LOST_FILE
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
 from migpart.demo.replay import NAMESPACE, pod_body, template_name
 from migpart.demo.trace import TracePod
 from migpart.dra import DRIVER
-from migpart.testing.invariants import DestroyedWhileAllocated, Device
+from migpart.mig import lookup_table
+from migpart.testing.invariants import DestroyedWhileAllocated, Device, overlapping_allocations
+
+# how long prepare-crash waits for an armed agent to reach a create or destroy in a prepare
+PREPARE_CRASH_WAIT_S = 30.0
 
 
 class Chaos:
@@ -78,6 +83,7 @@ class Chaos:
         # node -> its GPUs lost now (gpu-lost); their recoveries run in the background
         self.lost: dict[str, set[int]] = {}
         self.recoveries: set[asyncio.Task[None]] = set()
+        self.table = lookup_table(MODEL)
 
     # ------------------------------------------------------------------ pods
 
@@ -119,6 +125,11 @@ class Chaos:
                     track.finished = True
             except Exception as err:  # noqa: BLE001 - a fault's effect: reported, retried
                 self.c.notes.append(f"kubelet retry {pod.metadata.name}: {type(err).__name__}")
+        for name in sorted(self.deleted):  # deleted before they ran: unprepare what was tried
+            try:
+                await self.kubelet.forget_pod(NAMESPACE, name)
+            except Exception as err:  # noqa: BLE001 - an agent down: retried on the next pass
+                self.c.notes.append(f"kubelet unprepare retry {name}: {type(err).__name__}")
 
     # ------------------------------------------------------------------ monitor
 
@@ -138,17 +149,15 @@ class Chaos:
         # every look stands at its claim list's revision: a device counts as destroyed in use
         # when a claim or a checkpoint held it at the last look and still holds it at this one
         revision = int(claims.metadata.resource_version)
-        owners: dict[str, set[str]] = {}
         holders: dict[str, set[Device]] = {}
         for claim in claims.items:
             allocation = claim.status.allocation if claim.status else None
             for r in (allocation.devices.results or []) if allocation else []:
                 if r.driver == DRIVER:
-                    owners.setdefault(f"{r.pool}/{r.device}", set()).add(claim.metadata.uid)
                     holders.setdefault(f"claim {claim.metadata.uid}", set()).add((r.pool, r.device))
-        for device, uids in owners.items():
-            if len(uids) > 1:
-                self.c.double_allocated.add(device)
+        # one device allocated to two claims, or (offer mode: every placement is listed) two
+        # overlapping placements of one GPU
+        self.c.double_allocated |= overlapping_allocations(holders, lambda node: self.table)
         on_gpu: dict[str, set[str]] = {}
         for name, node in self.cluster.nodes.items():
             holders[f"checkpoint {name}"] = {
@@ -268,6 +277,9 @@ class Chaos:
             await asyncio.to_thread(testbed.add_node, node, labels)
         elif kind == "gpu-lost":
             await self._lose_gpu()
+        elif kind == "prepare-crash":
+            if not await self._crash_in_prepare():
+                return
         elif kind in ELECTION_FAULTS:
             await self.election.inject(kind)
         elif kind == "sabotage":
@@ -330,6 +342,39 @@ class Chaos:
         task = asyncio.create_task(recover())
         self.recoveries.add(task)
         task.add_done_callback(self.recoveries.discard)
+
+    def _exited(self, node: str) -> bool:
+        proc = self.cluster.nodes[node].proc
+        return proc is not None and proc.poll() is not None
+
+    async def _crash_in_prepare(self) -> bool:
+        """Every agent armed (its crash marker deleted: the simulator then ends the process
+        right after the next destroy or create made inside a prepare, `--sim-faults
+        crash_after`); the first to end is started again 1-3 s later, the others disarmed
+        (the marker written again). False when none ended within `PREPARE_CRASH_WAIT_S`: no
+        prepare made or destroyed an instance meanwhile (not counted)."""
+        nodes = sorted(self.cluster.nodes)
+        markers = {n: self.cluster.nodes[n].dir / "state" / CRASHED_FILE for n in nodes}
+        for marker in markers.values():
+            marker.unlink(missing_ok=True)
+        await self._wait_for(lambda: any(self._exited(n) for n in nodes), PREPARE_CRASH_WAIT_S)
+        for marker in markers.values():
+            if not marker.exists():
+                marker.write_text('{"point": "disarmed by the harness"}\n')
+        await asyncio.sleep(2.0)  # an agent past its look at the marker ends now
+        crashed = [n for n in nodes if self._exited(n)]
+        if not crashed:
+            self.c.notes.append("no prepare-crash: no prepare made or destroyed an instance")
+            return False
+        await asyncio.sleep(self.rng.uniform(1.0, 3.0))
+        for node in crashed:
+            point = read_json(markers[node]).get("point", "")
+            where = {"prepare_destroy": "after destroy", "prepare_create": "after create"}
+            self.c.notes.append(f"prepare-crash {node} ({where.get(point, point)})")
+            self.cluster.kill_agent(node)  # reaped, its log closed
+            self.cluster.restart_agent(node)
+        self.c.faults["prepare-crash"] += len(crashed) - 1  # one is counted by `inject`
+        return True
 
     def _held(self) -> set[str]:
         """Instances on a GPU that a claim or a checkpoint holds."""

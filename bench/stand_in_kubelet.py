@@ -8,7 +8,11 @@ For a pod the scheduler bound to a simulated node it does what kubelet's DRA man
 read the pod's allocated ResourceClaims, call `NodePrepareResources` on that node's agent over
 its real gRPC unix socket, and (standing in for the container runtime) mark the pod Running.
 When a pod finishes it calls `NodeUnprepareResources` first and then deletes the pod, so the
-agent's checkpoint stays the truth about which MIG instances are in use.
+agent's checkpoint stays the truth about which MIG instances are in use. A pod deleted before
+it ran (the harness's claim-delete) has the claims it tried to prepare unprepared, as kubelet
+does: a prepare the agent finished while its answer was lost would otherwise hold the instance
+for ever (in offer mode, while kube-scheduler hands its freed counters to another claim).
+With `--offer` each prepare may make the instance (docs/offer-mode.md): nothing changes here.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class SimKubelet:
         self.resource = client.ResourceV1Api(api)
         self.sockets = sockets  # node name -> the agent's DRA plugin socket
         self.prepared: dict[str, list[dict[str, str]]] = {}  # pod key -> claims
+        # pod key -> (node, claims) of every prepare tried and not yet unprepared
+        self.tried: dict[str, tuple[str, list[dict[str, str]]]] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _stub(self, node: str) -> Any:
@@ -65,6 +71,7 @@ class SimKubelet:
         request = dra_v1beta1_pb2.NodePrepareResourcesRequest(
             claims=[dra_v1beta1_pb2.Claim(**c) for c in claims]
         )
+        self.tried[key] = (node, claims)
         response = await self._stub(node).NodePrepareResources(request, timeout=30)
         cdi_ids: list[str] = []
         for claim in claims:
@@ -96,18 +103,31 @@ class SimKubelet:
         key = f"{namespace}/{name}"
         claims = self.prepared.pop(key, [])
         if claims and node:
-            request = dra_v1beta1_pb2.NodeUnprepareResourcesRequest(
-                claims=[dra_v1beta1_pb2.Claim(**c) for c in claims]
-            )
-            response = await self._stub(node).NodeUnprepareResources(request, timeout=30)
-            errors = [r.error for r in response.claims.values() if r.error]
-            if errors:
-                raise PrepareFailed(f"{key}: unprepare failed: {errors}")
+            await self._unprepare(key, node, claims)
+        self.tried.pop(key, None)
         try:
             await self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         except client.ApiException as exc:
             if exc.status != 404:
                 raise
+
+    async def forget_pod(self, namespace: str, name: str) -> None:
+        """The pod was deleted before it ran: unprepare the claims a prepare was tried for
+        (raises while its agent does not answer: call again)."""
+        key = f"{namespace}/{name}"
+        tried = self.tried.get(key)
+        if tried is not None:
+            await self._unprepare(key, *tried)
+            del self.tried[key]
+
+    async def _unprepare(self, key: str, node: str, claims: list[dict[str, str]]) -> None:
+        request = dra_v1beta1_pb2.NodeUnprepareResourcesRequest(
+            claims=[dra_v1beta1_pb2.Claim(**c) for c in claims]
+        )
+        response = await self._stub(node).NodeUnprepareResources(request, timeout=30)
+        errors = [r.error for r in response.claims.values() if r.error]
+        if errors:
+            raise PrepareFailed(f"{key}: unprepare failed: {errors}")
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -1,6 +1,7 @@
 """The chaos harness, short and seeded: agents and the operator SIGKILLed and restarted,
 claims deleted mid-plan, a second writer on a MigNode spec and injected NVML failures, under
-a stream of pods; every invariant holds and every pod is served.
+a stream of pods; every invariant holds and every pod is served. With `--offer` (offer mode
+served from 1.36), agents also end inside a prepare, at the simulator's crash points.
 
 It runs bench/chaos.py as a process with its own control plane (the harness starts and kills
 real `migpart agent` and `migpart operator` processes; none of this suite's fixtures)."""
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from migpart.testbed.build import kube_version
 
 pytestmark = pytest.mark.integration
 
@@ -119,6 +122,43 @@ def test_lost_gpus_come_back_and_keep_every_invariant(short_dir: Path) -> None:
     )
     _assert_clean(proc, summary, min_faults=1)
     assert re.search(r"faults by kind: gpu-lost [1-9]", proc.stdout), proc.stdout[-1500:]
+
+
+def test_offer_mode_keeps_every_invariant_with_agents_ended_inside_a_prepare(
+    short_dir: Path,
+) -> None:
+    """Offer mode (every placement listed, instances made at prepare): agents ended right
+    after a prepare's destroy or create and started again, SIGKILLed agents, deleted claims;
+    every counter 0, overlapping placements of one GPU counted as double-allocated. On 1.34
+    offer mode is not served: the harness says so and injects nothing (exit 2)."""
+    flags = (
+        "--offer",
+        "--faults=prepare-crash,agent-kill,claim-delete",
+        "--duration=60",
+        "--drain=120",
+        "--seed=7",
+        "--nodes=2",
+        "--gpus-per-node=2",
+        "--pods=16",
+        "--fault-every=3",
+    )
+    if tuple(int(p) for p in kube_version().split(".")[:2]) < (1, 36):
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.chaos", *flags, f"--dir={short_dir}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=280,
+            check=False,
+        )
+        assert proc.returncode == 2, (proc.stdout[-1500:], proc.stderr[-3000:])
+        assert "allocation in effect: Reactive" in proc.stdout
+        assert "offer mode is not in effect" in proc.stdout
+        return
+    proc, summary = _chaos(short_dir, *flags)
+    assert "allocation in effect: Offer" in proc.stdout
+    _assert_clean(proc, summary, min_faults=5)
+    assert re.search(r"faults by kind: .*prepare-crash [1-9]", proc.stdout), proc.stdout[-1500:]
 
 
 def test_the_monitor_counts_an_instance_destroyed_in_use(short_dir: Path) -> None:

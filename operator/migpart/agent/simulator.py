@@ -21,6 +21,20 @@ while the agent runs in its own process, by the lost-GPU file next to the state 
 (`simulated-nvml-lost.json`, a JSON list of GPU indices, read on every call): the chaos harness
 writes it to make a GPU fall off the bus and removes it to bring the GPU back. A lost GPU keeps
 its instances, as a GPU that comes back without a reset does.
+
+Crash points (`SimFaults.crash_after`, for the e2e crash tests and the chaos harness): the
+process exits at once with status 137 (`os._exit`, nothing cleaned up or flushed, as SIGKILL
+leaves it) right after the Nth destroy (`prepare_destroy`) or create (`prepare_create`) done
+inside the kubelet plugin's prepare, with NVML's state saved: between the destroy that made
+room and the create, and between the create and the CDI write. A call is the prepare's when
+`DraDriver.prepare` (`PREPARE_FRAME`) is on the call stack, so that nothing outside the
+simulator knows of crash points: the reconciler's creates and destroys, and the retries of
+placements reported unusable, never crash. Before it exits the process writes the crash marker
+next to the state file (`simulated-nvml-crashed.json`: the point, its count, the instance) and
+logs `nvml_crash_injected`; while the marker is there no crash point fires, so an agent started
+again with the same flags goes on. Deleting the marker arms the crash points again, of a
+running agent too (it is looked for at each point): the chaos harness starts its agents with
+a marker and deletes it to crash one.
 """
 
 from __future__ import annotations
@@ -28,10 +42,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
+import sys
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pynvml
 import structlog
@@ -43,12 +59,19 @@ from migpart.mig import CATALOG, Instance, ModelTable, layout_problems
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
+    from types import FrameType
 
 log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
 
 LOST_FILE = "simulated-nvml-lost.json"
+CRASHED_FILE = "simulated-nvml-crashed.json"
+CRASH_POINTS = ("prepare_destroy", "prepare_create")
+CRASH_STATUS = 137  # what a process killed by SIGKILL exits with, as a shell reports it
+# The call a crash point must be inside: (module, qualified name) of the kubelet plugin's
+# prepare, matched on the call stack (tests/unit/agent/test_simulator.py holds it to the code).
+PREPARE_FRAME = ("migpart.agent.plugin", "DraDriver.prepare")
 
 _NAMESPACE = uuid.UUID("6f1f3d5e-7b2a-4c55-9a0e-6d2c1b1e0a11")
 
@@ -76,20 +99,24 @@ def parse_simulate(spec: str) -> list[tuple[str, int]]:
 
 @dataclass(frozen=True)
 class SimFaults:
-    """Rates (0..1, per call) of injected NVML failures, a seed, and the lost GPUs."""
+    """Rates (0..1, per call) of injected NVML failures, a seed, the lost GPUs, and the crash
+    points: (point, N) to exit right after the Nth change of that kind inside a prepare."""
 
     create_insufficient: float = 0.0
     destroy_in_use: float = 0.0
     timeout: float = 0.0
     lost: frozenset[int] = frozenset()
     seed: int = 0
+    crash_after: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> SimFaults:
-        """`"create_insufficient=0.05,destroy_in_use=0.05,timeout=0.02,lost=3+5,seed=7"`."""
+        """`"create_insufficient=0.05,destroy_in_use=0.05,timeout=0.02,lost=3+5,seed=7"`,
+        `"crash_after=prepare_destroy"`, `"crash_after=prepare_create:2+prepare_destroy"`."""
         rates: dict[str, float] = {}
         lost: frozenset[int] = frozenset()
         seed = 0
+        crash: tuple[tuple[str, int], ...] = ()
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, sep, value = part.partition("=")
             try:
@@ -97,6 +124,8 @@ class SimFaults:
                     lost = frozenset(int(i) for i in value.split("+") if i)
                 elif key == "seed" and sep:
                     seed = int(value)
+                elif key == "crash_after" and sep:
+                    crash = tuple(_crash_point(p) for p in value.split("+"))
                 elif key in ("create_insufficient", "destroy_in_use", "timeout") and sep:
                     rates[key] = float(value)
                     if not 0.0 <= rates[key] <= 1.0:
@@ -106,9 +135,30 @@ class SimFaults:
             except ValueError:
                 raise ValueError(
                     f"--sim-faults: bad entry {part!r} (expected create_insufficient=RATE,"
-                    " destroy_in_use=RATE, timeout=RATE with RATE in 0..1, lost=I+J, seed=N)"
+                    " destroy_in_use=RATE, timeout=RATE with RATE in 0..1, lost=I+J, seed=N,"
+                    " crash_after=POINT[:N][+POINT[:N]] with POINT prepare_destroy or"
+                    " prepare_create)"
                 ) from None
-        return cls(lost=lost, seed=seed, **rates)
+        return cls(lost=lost, seed=seed, crash_after=crash, **rates)
+
+
+def _crash_point(text: str) -> tuple[str, int]:
+    """`prepare_create` -> ("prepare_create", 1); `prepare_destroy:3` -> (..., 3)."""
+    point, sep, nth = text.partition(":")
+    if point not in CRASH_POINTS or (sep and (not nth.isdigit() or int(nth) < 1)):
+        raise ValueError
+    return point, int(nth) if sep else 1
+
+
+def _in_prepare() -> bool:
+    """Whether the kubelet plugin's prepare is on the call stack (an awaited coroutine's frame
+    links to the one that awaits it)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_globals.get("__name__"), frame.f_code.co_qualname) == PREPARE_FRAME:
+            return True
+        frame = frame.f_back
+    return False
 
 
 @dataclass
@@ -153,6 +203,7 @@ class SimulatedNvml:
         mig_enabled: bool = True,
         state_path: Path | None = None,
         faults: SimFaults | None = None,
+        exit_process: Callable[[int], NoReturn] = os._exit,
     ) -> None:
         self.latency_s = latency_s
         self.state_path = state_path
@@ -169,6 +220,9 @@ class SimulatedNvml:
         self._fail_next: dict[str, int] = {}
         self._lost: set[int] = set()
         self._lost_file = state_path.with_name(LOST_FILE) if state_path is not None else None
+        self._crashed_file = state_path.with_name(CRASHED_FILE) if state_path is not None else None
+        self._exit = exit_process  # a crash point's end of the process (tests give their own)
+        self._prepare_changes: dict[str, int] = {}  # crash point -> changes made in a prepare
         self.calls: list[str] = []  # mutating calls, in order (for tests)
         self.injected: list[str] = []  # injected faults, in order
         self._load()
@@ -253,6 +307,7 @@ class SimulatedNvml:
             gi.ci_id = 0
             self.calls.append(f"create_ci {gpu} {profile}@{start}")
             self._save()
+            self._maybe_crash("prepare_create", gpu, profile, start)
             self._maybe_inject("create", late_timeout=True)
             return self._record(g, gi)
 
@@ -274,6 +329,7 @@ class SimulatedNvml:
             del g.gis[gi.gi_id]
             self.calls.append(f"destroy_gi {gpu} {profile}@{start}")
             self._save()
+            self._maybe_crash("prepare_destroy", gpu, profile, start)
             self._maybe_inject("destroy", late_timeout=True)
 
         self._mapped(f"destroy {profile}@{start} on GPU {gpu}", destroy)
@@ -332,6 +388,24 @@ class SimulatedNvml:
                 self.injected.append(f"{op} {name}")
                 log.warning("nvml_fault_injected", op=op, error=name, late=late_timeout)
                 raise pynvml.NVMLError(code)
+
+    def _maybe_crash(self, point: str, gpu: int, profile: str, start: int) -> None:
+        """End the process here if `point` is armed, this change is a prepare's and its Nth
+        (or a later one), and no crash marker is there; the marker is written first."""
+        nth = dict(self.faults.crash_after).get(point)
+        if nth is None or not _in_prepare():
+            return
+        count = self._prepare_changes[point] = self._prepare_changes.get(point, 0) + 1
+        if count < nth or (self._crashed_file is not None and self._crashed_file.exists()):
+            return
+        crash = {"point": point, "count": count, "gpu": gpu, "profile": profile, "start": start}
+        if self._crashed_file is not None:
+            atomic_write(self._crashed_file, json.dumps(crash, sort_keys=True) + "\n")
+        log.warning("nvml_crash_injected", **crash)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        self._exit(CRASH_STATUS)
 
     def _save(self) -> None:
         if self.state_path is None:

@@ -45,7 +45,10 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         metavar="KEY=VALUE[,...]",
         help="inject simulated NVML failures: create_insufficient=RATE, destroy_in_use=RATE,"
-        " timeout=RATE (per call, 0..1), lost=GPU[+GPU], seed=N",
+        " timeout=RATE (per call, 0..1), lost=GPU[+GPU], seed=N; crash_after=POINT[:N][+...]"
+        " exits with 137 right after the Nth destroy (prepare_destroy) or create"
+        " (prepare_create) made inside a prepare, once: not while the crash marker"
+        " simulated-nvml-crashed.json is in --state-dir",
     )
     p.add_argument(
         "--state-dir", type=Path, default=Path("/var/lib/migpart"), help="checkpoint directory"

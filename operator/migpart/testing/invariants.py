@@ -14,16 +14,25 @@ lists the MigNodes before the claims (a release before a device went then shows 
 
 Violations are judged when asked for, from everything seen so far: a release that arrives
 after the disappearance it preceded still clears it.
+
+The other invariant every harness checks is that no GPU's memory is allocated twice
+(`overlapping_allocations`): two claims never hold the same device, nor, in offer mode, where
+the pool lists every placement and its GPU's counters keep overlapping ones apart, two
+placements of one GPU that share a memory slice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from itertools import combinations
+from typing import TYPE_CHECKING, Any
 
 from migpart.dra import DRIVER
 from migpart.mig import device_name
+
+if TYPE_CHECKING:
+    from migpart.mig import ModelTable
 
 Device = tuple[str, str]
 """(node, device name); a node's pool carries the node's name."""
@@ -186,3 +195,37 @@ class DestroyedWhileAllocated:
             if holding.since <= after and (holding.until is None or holding.until > at)
         }
         return sorted(found)
+
+
+def _masks(table: ModelTable, gpu: int) -> dict[str, int]:
+    """Device name -> the memory slices it takes, for every placement of one GPU."""
+    return {
+        device_name(gpu, p.name, start): p.mask(start)
+        for p in table.profiles
+        for start in p.placements
+    }
+
+
+def overlapping_allocations(
+    held: Mapping[str, Iterable[Device]], table_of: Callable[[str], ModelTable | None]
+) -> set[str]:
+    """Devices that `held` (holder -> devices, e.g. claim -> its allocated devices) gives out
+    twice: one device to two holders, or two placements of one GPU that share a memory slice
+    (`table_of(node)` is the node's GPU model; None: only the first check), each pair as
+    `node/device + node/device (holder, holder)`."""
+    by_gpu: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for holder, devices in held.items():
+        for node, device in devices:
+            gpu = device.split("-", 2)[1] if device.startswith("gpu-") else ""
+            by_gpu.setdefault((node, gpu), []).append((device, holder))
+    masks: dict[tuple[str, str], dict[str, int]] = {}
+    found = set()
+    for (node, gpu), taken in by_gpu.items():
+        table = table_of(node)
+        if table is not None and gpu.isdigit():
+            masks[(node, gpu)] = _masks(table, int(gpu))
+        mask = masks.get((node, gpu), {})
+        for (a, holder_a), (b, holder_b) in combinations(sorted(taken), 2):
+            if a == b or mask.get(a, 0) & mask.get(b, 0):
+                found.add(f"{node}/{a} + {node}/{b} ({holder_a}, {holder_b})")
+    return found

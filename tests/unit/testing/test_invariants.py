@@ -1,12 +1,14 @@
-"""The one invariant checker: ordered by resourceVersion, whichever watch delivers first."""
+"""The invariant checkers: destroyed while allocated, ordered by resourceVersion whichever
+watch delivers first; and no memory slice allocated twice."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from migpart.dra import DRIVER
+from migpart.mig import lookup_table
 from migpart.testing.builders import ClaimBuilder, MigNodeBuilder
-from migpart.testing.invariants import DestroyedWhileAllocated, Violation
+from migpart.testing.invariants import DestroyedWhileAllocated, Violation, overlapping_allocations
 
 DEVICE = "gpu-0-1g10gb-0"
 
@@ -121,3 +123,25 @@ def test_holders_listed_at_one_revision() -> None:
     freed.held({}, 12)
     freed.present("n1", [], 12)
     assert freed.violations == []
+
+
+def test_overlapping_placements_of_one_gpu_are_allocated_twice() -> None:
+    """Offer mode lists every placement: counters must keep two claims off overlapping ones."""
+    table = lookup_table("NVIDIA H100 80GB HBM3", None, "model")
+    held = {
+        "ns/a": {("n1", "gpu-0-1g10gb-0")},
+        "ns/b": {("n1", "gpu-0-1g10gb-1"), ("n1", "gpu-1-7g80gb-0")},
+        "ns/c": {("n2", "gpu-0-7g80gb-0")},  # another node: no clash
+    }
+    assert overlapping_allocations(held, lambda node: table) == set()
+    held["ns/d"] = {("n1", "gpu-0-4g40gb-0")}  # over a's and b's 1g.10gb on GPU 0
+    held["ns/e"] = {("n2", "gpu-0-7g80gb-0")}  # c's device itself
+    assert overlapping_allocations(held, lambda node: table) == {
+        "n1/gpu-0-1g10gb-0 + n1/gpu-0-4g40gb-0 (ns/a, ns/d)",
+        "n1/gpu-0-1g10gb-1 + n1/gpu-0-4g40gb-0 (ns/b, ns/d)",
+        "n2/gpu-0-7g80gb-0 + n2/gpu-0-7g80gb-0 (ns/c, ns/e)",
+    }
+    # without the node's model only the same device given twice is seen
+    assert overlapping_allocations(held, lambda node: None) == {
+        "n2/gpu-0-7g80gb-0 + n2/gpu-0-7g80gb-0 (ns/c, ns/e)"
+    }
