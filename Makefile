@@ -24,7 +24,7 @@ K8S_VERSIONS ?= 1.34.4 1.37.2
 # suites: only these modules, not whole suites. An offer-mode module added here runs there too.
 OFFER_K8S_VERSION ?= 1.36.3
 OFFER_INTEGRATION := test_allocator_order test_allocation_mode test_offer_slices test_offer_takeover
-OFFER_E2E := test_prepare_makes_room test_offer_mode test_offer_faults
+OFFER_E2E := test_prepare_makes_room test_offer_mode test_offer_faults test_offer_crashes
 OFFER_MODULES ?= $(OFFER_INTEGRATION:%=tests/integration/%.py) $(OFFER_E2E:%=tests/e2e/%.py)
 # Every version `make testbed` builds (sort drops a duplicate).
 TESTBED_VERSIONS := $(sort $(K8S_VERSIONS) $(OFFER_K8S_VERSION))
