@@ -16,7 +16,6 @@ from migpart.agent.checkpoint import Checkpoint
 from migpart.agent.failures import (
     FAILURES_BEFORE_UNUSABLE,
     RETRY_FIRST_S,
-    RETRY_MAX_S,
     PlacementFailures,
     retry_due,
 )
