@@ -1,7 +1,6 @@
 """One pod of `bench.e2e_latency`, measured: created, followed by polling every 50 ms until
 Running, its phases stamped (the phases of each mode: `bench/e2e_latency.py`'s docstring), then
-deleted and waited out until its node is quiet again. Also what sets a node up for a pod: its
-MigNode emptied or laid out with free instances."""
+deleted and waited out until its node is quiet again."""
 
 from __future__ import annotations
 
@@ -13,24 +12,16 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from migpart.api.models import (
-    GROUP,
-    MIGNODE_PLURAL,
-    POLICY_PLURAL,
-    VERSION,
-    GpuSpec,
-    MigInstanceSpec,
-    MigNodeSpec,
-)
-from migpart.dra import DRIVER, INSTANCE_READY, allocation_results, awaiting_binding, ours
-from migpart.kube.objects import patch_mignode_spec
+from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
+from migpart.dra import allocation_results, ours
 from migpart.mig import device_name
 from migpart.testing.builders import POOL_LABEL, ClaimBuilder, PodBuilder, profile_is
 
 NAMESPACE = "bench"
-# what the reactive and offer-new pods ask, in turn
+# what the reactive and offer-new pods ask, in turn: each a profile other than the last one's
 PROFILES = ["3g.40gb", "1g.10gb", "2g.20gb", "1g.20gb", "4g.40gb", "7g.80gb"]
 # where the time of each mode's pod goes, in order
+OFFER_PHASES = ("allocated", "bound", "kubelet")
 PHASES = {
     "reactive": (
         "unschedulable",
@@ -42,8 +33,8 @@ PHASES = {
         "scheduler",
         "kubelet",
     ),
-    "offer-new": ("allocated", "relay", "agent", "ready", "bound", "kubelet"),
-    "offer-existing": ("allocated", "bound", "kubelet"),
+    "offer-new": OFFER_PHASES,
+    "offer-existing": OFFER_PHASES,
 }
 
 
@@ -53,8 +44,12 @@ class Sample:
     phases: dict[str, float]
     # offer mode: the pod was marked Unschedulable on the way (it went the reactive way)
     unschedulable: bool = False
-    # offer mode: the claim was allocated a placement not created yet (binding conditions)
-    placement: bool = False
+    # offer mode: no instance was at the allocated placement when the pod was created (the
+    # agent made it at prepare)
+    new: bool = False
+    # offer mode: an instance the node had before the pod was gone after it (prepare destroyed
+    # a free instance in the new placement's way)
+    made_room: bool = False
 
 
 # ------------------------------------------------------------------------------ reactive
@@ -151,41 +146,32 @@ async def plan_seconds(custom: client.CustomObjectsApi, policy: str, plan_id: st
 # ------------------------------------------------------------------------------ offer mode
 
 
-async def offer_pod(api: client.ApiClient, node: str, name: str, profile: str, new: bool) -> Sample:
-    """One pod of an offer series (`new`: offer-new's phases, else offer-existing's)."""
+async def offer_pod(api: client.ApiClient, node: str, name: str, profile: str) -> Sample:
+    """One pod of an offer series: kube-scheduler allocates the first placement of `profile`
+    in the node's pool and binds at once; the agent makes its instance when kubelet prepares
+    the claim (reusing one already there, destroying free ones in its way)."""
     core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
     custom = client.CustomObjectsApi(api)
     template: Any = ClaimBuilder(name).request(profile_is(profile)).template()
     await res.create_namespaced_resource_claim_template(NAMESPACE, template)
     pod: Any = PodBuilder(name).claim_template(name).node_selector({POOL_LABEL: node}).ends().obj()
-    order = PHASES["offer-new" if new else "offer-existing"]
+    before = created(await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node))
     seen: dict[str, float] = {}
     device = ""
-    placement = went_reactive = False
+    went_reactive = False
     t0 = time.monotonic()
     await core.create_namespaced_pod(NAMESPACE, pod)
     while "kubelet" not in seen:
         if time.monotonic() - t0 > 120:
             raise TimeoutError(f"pod {name} not served in 120 s")
-        # read in the order things happen: claim, MigNode, pod; stamped when the read returns
-        if "ready" not in seen and not (device and not new):
+        # read in the order things happen: claim, pod; stamped when the read returns
+        if not device:
             claims = await res.list_namespaced_resource_claim(NAMESPACE)
             stamp = time.monotonic()
             for item in claims.items:  # the pod's claim: the previous one is gone
-                claim = api.sanitize_for_serialization(item)
-                for result in ours(allocation_results(claim), node):
+                for result in ours(allocation_results(api.sanitize_for_serialization(item)), node):
                     seen.setdefault("allocated", stamp)
                     device = result.device
-                    placement = any(d.device == device for d in awaiting_binding(claim))
-                if device and new and ready(claim, device):
-                    seen["ready"] = stamp
-        if new and device and "agent" not in seen:
-            mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
-            stamp = time.monotonic()
-            if device in wanted(mn):
-                seen.setdefault("relay", stamp)
-            if device in created(mn):
-                seen["agent"] = stamp
         body = await core.read_namespaced_pod(name, NAMESPACE)
         stamp = time.monotonic()
         went_reactive = went_reactive or unschedulable(body)
@@ -194,13 +180,38 @@ async def offer_pod(api: client.ApiClient, node: str, name: str, profile: str, n
         if body.status.phase == "Running":
             seen["kubelet"] = stamp
         await asyncio.sleep(0.05)
-    events = await core.list_namespaced_event(
-        NAMESPACE, field_selector=f"involvedObject.name={name},reason=FailedScheduling"
-    )
-    went_reactive = went_reactive or bool(events.items)
+    # Not timed: until the agent reports the instance prepared, so that the wait below sees
+    # it go Free. A status written before the claim was recorded (a pass that read NVML
+    # while prepare ran) shows it Free already: a next pod sent on that would find the
+    # instance still prepared at its own prepare, and kubelet retries that a minute later.
+    for _ in range(1200):
+        mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
+        if device in created(mn) - created(mn, free=True):
+            break
+        await asyncio.sleep(0.1)
     await core.delete_namespaced_pod(name, NAMESPACE)
     await wait_unprepared(api, node, name)
-    return Sample(seen["kubelet"] - t0, phases(t0, seen, order), went_reactive, placement)
+    after = created(await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node))
+    return Sample(
+        seen["kubelet"] - t0,
+        phases(t0, seen, OFFER_PHASES),
+        unschedulable=went_reactive,
+        new=device not in before,
+        made_room=bool(before - after),
+    )
+
+
+async def failed_scheduling(api: client.ApiClient, prefix: str) -> set[str]:
+    """The pods named `prefix`... that got a FailedScheduling Event (read at the end of a
+    series: the scheduler records its Events asynchronously, and they outlive the pod)."""
+    events = await client.CoreV1Api(api).list_namespaced_event(
+        NAMESPACE, field_selector="reason=FailedScheduling,involvedObject.kind=Pod"
+    )
+    return {
+        e.involved_object.name
+        for e in events.items
+        if e.involved_object.name and e.involved_object.name.startswith(prefix)
+    }
 
 
 def phases(t0: float, seen: Mapping[str, float], order: Sequence[str]) -> dict[str, float]:
@@ -219,25 +230,6 @@ def phases(t0: float, seen: Mapping[str, float], order: Sequence[str]) -> dict[s
     return out
 
 
-def ready(claim: Mapping[str, Any], device: str) -> bool:
-    """Whether the claim's status.devices says `device` is ready (the relay's condition)."""
-    return any(
-        c.get("type") == INSTANCE_READY and c.get("status") == "True"
-        for d in (claim.get("status") or {}).get("devices") or []
-        if d.get("driver") == DRIVER and d.get("device") == device
-        for c in d.get("conditions") or []
-    )
-
-
-def wanted(mignode: Mapping[str, Any]) -> set[str]:
-    """The device names of the instances the MigNode spec wants."""
-    return {
-        device_name(g["index"], i["profile"], i["start"])
-        for g in (mignode.get("spec") or {}).get("gpus") or []
-        for i in g.get("instances") or []
-    }
-
-
 def created(mignode: Mapping[str, Any], free: bool = False) -> set[str]:
     """The device names of the instances the agent reports created (`free`: and Free)."""
     return {
@@ -246,45 +238,6 @@ def created(mignode: Mapping[str, Any], free: bool = False) -> set[str]:
         for i in g.get("instances") or []
         if i.get("uuid") and (i.get("state") == "Free" or not free)
     }
-
-
-async def pool(api: client.ApiClient, node: str) -> list[dict[str, Any]]:
-    """Every device of our slices of the node."""
-    slices = await client.ResourceV1Api(api).list_resource_slice(
-        field_selector=f"spec.nodeName={node}"
-    )
-    return [
-        api.sanitize_for_serialization(d)
-        for s in slices.items
-        if s.spec.driver == DRIVER
-        for d in s.spec.devices or []
-    ]
-
-
-async def lay_out(api: client.ApiClient, node: str, layout: Sequence[tuple[str, int]]) -> None:
-    """Make GPU 0 of the node hold exactly `layout`, free, and its pool list exactly those
-    instances (untainted) beside its offered placements; not timed. Writes the MigNode spec
-    (a merge patch: leaderTerm stays) only if the node holds something else."""
-    custom = client.CustomObjectsApi(api)
-    want = {device_name(0, profile, start) for profile, start in layout}
-    mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
-    if created(mn) == want == created(mn, free=True):
-        return
-    plan = f"bench-{time.monotonic_ns()}"
-    instances = [MigInstanceSpec(profile=profile, start=start) for profile, start in layout]
-    await patch_mignode_spec(
-        api, node, MigNodeSpec(plan_id=plan, gpus=[GpuSpec(index=0, instances=instances)])
-    )
-    for _ in range(1200):
-        mn = await custom.get_cluster_custom_object(GROUP, VERSION, MIGNODE_PLURAL, node)
-        status = mn.get("status") or {}
-        if status.get("observedPlanId") == plan and created(mn, free=True) == want:
-            devices = await pool(api, node)
-            listed = {d["name"] for d in devices if d["attributes"]["created"]["bool"]}
-            if listed == want and not any(d.get("taints") for d in devices):
-                return
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"node {node} did not come to layout {sorted(want)} in 120 s")
 
 
 # ------------------------------------------------------------------------------ series

@@ -23,7 +23,6 @@ from bench.scale_api import raw
 from migpart.api.leases import LEASE_DURATION_S, lease_node
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.api.selectors import MANAGED_LABEL
-from migpart.dra import INSTANCE_READY, awaiting_binding
 from migpart.testbed import Testbed
 from migpart.testbed.run import ready_node_status
 from migpart.testing.builders import (
@@ -215,8 +214,7 @@ class LeaseGaps:
 @dataclass
 class Tracker:
     """Follows the burst's pods: when each was created (client side, just before the call),
-    first marked Unschedulable, and bound; and which claims (named as their pods) were
-    allocated a placement not created yet (offer mode: devices with binding conditions)."""
+    first marked Unschedulable, and bound."""
 
     expected: int
     created: dict[str, float] = field(default_factory=dict)
@@ -224,7 +222,6 @@ class Tracker:
     bound: dict[str, float] = field(default_factory=dict)
     all_bound: asyncio.Event = field(default_factory=asyncio.Event)
     plans: dict[str, PodPlan] = field(default_factory=dict)
-    offered: set[str] = field(default_factory=set)
     # pod -> the first other reason of PodScheduled=False (e.g. a binding that failed)
     not_scheduled: dict[str, str] = field(default_factory=dict)
 
@@ -244,11 +241,6 @@ class Tracker:
             self.bound[name] = now
             if len(self.bound) >= self.expected:
                 self.all_bound.set()
-
-    def on_claim(self, kind: str, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        if name in self.created and kind != "DELETED" and awaiting_binding(obj):
-            self.offered.add(name)
 
     def delays(self, stamps: dict[str, float]) -> list[float]:
         return [stamps[n] - t0 for n, t0 in self.created.items() if n in stamps]
@@ -293,30 +285,16 @@ async def create_pod(core: Any, res: Any, p: PodPlan, tracker: Tracker) -> None:
     await raw(core.create_namespaced_pod(NAMESPACE, pod_body(p), _preload_content=False))
 
 
-def not_created_yet(claim: dict[str, Any]) -> set[tuple[str, str]]:
-    """(node, device) of the claim's placements whose instance the operator has not reported
-    ready (offer mode: allocated before they exist, so not missing)."""
-    ready = {
-        (str(d.get("pool")), str(d.get("device")))
-        for d in (claim.get("status") or {}).get("devices") or []
-        if any(
-            c.get("type") == INSTANCE_READY and c.get("status") == "True"
-            for c in d.get("conditions") or []
-        )
-    }
-    return {(d.pool, d.device) for d in awaiting_binding(claim)} - ready
-
-
 async def missing_at_end(res: Any, custom: Any) -> list[str]:
-    """Allocated devices that are not in their node's MigNode status now (placements not
-    reported ready yet aside)."""
+    """Allocated devices that are not in their node's MigNode status now (reactive mode: an
+    offering node makes its instances at prepare, and no kubelet prepares here)."""
     claims = await raw(res.list_namespaced_resource_claim(NAMESPACE, _preload_content=False))
     mignodes = await raw(custom.list_cluster_custom_object(*MIGNODES, _preload_content=False))
     present = {m["metadata"]["name"]: present_devices(m) for m in mignodes["items"]}
     return sorted(
         f"{node}/{device} (claim {c['metadata']['name']})"
         for c in claims["items"]
-        for node, device in allocated_devices(c) - not_created_yet(c)
+        for node, device in allocated_devices(c)
         if device not in present.get(node, set())
     )
 
@@ -338,6 +316,18 @@ async def scheduler_attempts(testbed: Testbed) -> Counter[str]:
             result = re.search(r'result="([^"]*)"', labels)
             out[result.group(1) if result else "?"] += int(float(value))
     return out
+
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+def slice_writes(requests: Counter[str]) -> int:
+    """The ResourceSlice writes among `audit_requests`' counts ("verb resource" keys)."""
+    return sum(
+        n
+        for key, n in requests.items()
+        if key.partition(" ")[0] in WRITE_VERBS and key.partition(" ")[2] == "resourceslices"
+    )
 
 
 def audit_requests(log: Path, user: str, since: float, until: float) -> Counter[str]:

@@ -72,6 +72,7 @@ class Result:
     # the same pods once more, every instance they need already there (None: not run)
     baseline: Burst | None
     allocation: str = "reactive"  # or "offer" (bench/scale_offer.py)
+    slice_writes: int = 0  # the operator's ResourceSlice writes over the burst (audit log)
 
     @property
     def gpus(self) -> int:
@@ -141,6 +142,9 @@ def report(r: Result) -> None:
     top = ", ".join(f"{k} {v}" for k, v in r.api_top)
     print(f"    operator api requests (audit log, user {OPERATOR_USER}): {top}")
     print(
+        f"    slice writes over the burst {r.slice_writes} ({r.slice_writes / r.pods:.3f} per pod)"
+    )
+    print(
         f"    destroyed-in-use {len(r.destroyed_in_use)}, allocated devices missing at the "
         f"end {len(r.missing_at_end)}"
         + "".join(f"\n      {v}" for v in (r.destroyed_in_use + r.missing_at_end)[:10])
@@ -159,8 +163,13 @@ def report_baseline(r: Result) -> None:
     first = r.bound_s + [math.inf] * (r.pods - len(r.bound_s))
     parts = ", ".join(f"{k} {base.cpu_s[k]:.1f}" for k in COMPONENTS if k in base.cpu_s)
     tries = ", ".join(f"{k} {v}" for k, v in sorted(base.attempts.items()))
+    what = (
+        "on the same pools, the operator stopped"
+        if r.allocation == "offer"
+        else "with every instance they need already there"
+    )
     print(
-        "    baseline, the same pods again with every instance they need already there "
+        f"    baseline, the same pods again {what} "
         f"(the control plane alone on this machine): bound p50 "
         f"{seconds(percentile(bound, 0.5), r.timeout_s)} "
         f"p99 {seconds(percentile(bound, 0.99), r.timeout_s)} "

@@ -1,5 +1,6 @@
 """bench/scale.py's harness: one size from a fresh testbed to its Result (the agents, the
-operator, the burst, the baseline burst), in reactive or offer mode (bench/scale_offer.py)."""
+operator, the burst, the baseline burst), in reactive or offer mode (bench/scale_offer.py,
+which says why offer mode's baseline runs without the operator)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ from bench.scale_cluster import (
     node_names,
     policy_body,
     scheduler_attempts,
+    slice_writes,
     workload,
 )
 from bench.scale_processes import Children, cpu_seconds, memory_mib, own_cpu_seconds
@@ -125,17 +127,15 @@ class Size:
 
     @property
     def offering(self) -> bool:
-        """Offer mode (`--allocation offer`): the operator publishes offers, the policies ask
-        for them."""
+        """Offer mode (`--allocation offer`): the operator publishes stable pools, the policies
+        ask for Offer."""
         return bool(self.args.allocation == "offer")
 
-    def on_claim(self, kind: str, obj: dict[str, Any]) -> None:
-        self.monitor.on_claim(kind, obj)
-        self.tracker.on_claim(kind, obj)
-
     def cpu_all(self) -> dict[str, float]:
+        """CPU seconds so far of every component (the operator while it runs)."""
         pids = {**self.testbed.pids(), "agents": self.children.pid("agents")}
-        pids["operator"] = self.children.pid("operator")
+        if "operator" in self.children.procs:
+            pids["operator"] = self.children.pid("operator")
         out = {name: cpu_seconds(pid) for name, pid in pids.items()}
         out["harness"] = own_cpu_seconds()
         return out
@@ -169,7 +169,7 @@ class Size:
                     follow(custom.list_cluster_custom_object, monitor.on_mignode, *MIGNODES)
                 ),
                 asyncio.create_task(
-                    follow(res.list_namespaced_resource_claim, self.on_claim, NAMESPACE)
+                    follow(res.list_namespaced_resource_claim, monitor.on_claim, NAMESPACE)
                 ),
                 asyncio.create_task(
                     follow(
@@ -220,22 +220,28 @@ class Size:
         peak_mib, now_mib = memory_mib(operator)
         tracker = burst.tracker
         idle_after = await self.idle_pct(operator) if tracker.all_bound.is_set() else math.nan
-        missing = await missing_at_end(res, custom)
+        # an offering node makes a placement's instance at prepare: none here (no kubelet)
+        missing = [] if self.offering else await missing_at_end(res, custom)
         self.check_alive()
         requests = audit_requests(
             self.audit_log, OPERATOR_USER, burst.wall_started, burst.wall_ended
         )
 
-        # the baseline: the same pods again, with every instance they need already there
+        # the baseline: the same pods again, with what they need already published: in
+        # reactive mode every instance, in offer mode the same pools without the operator
         baseline = None
         if self.args.baseline and tracker.all_bound.is_set():
             await self.clear(core, res)
+            running: int | None = operator
             if self.offering:
-                await scale_offer.publish_reactively(self, custom, res)
-            await self.quiet(operator, 60.0)
+                self.children.stop_one("operator")
+                running = None
+            else:
+                await self.quiet(operator, 60.0)
             again = [replace(p, name="b" + p.name[1:]) for p in pods]
-            baseline = await self.burst(core, res, again, operator)
-            missing += await missing_at_end(res, custom)
+            baseline = await self.burst(core, res, again, running)
+            if not self.offering:
+                missing += await missing_at_end(res, custom)
         return Result(
             nodes=self.nodes,
             pods=len(pods),
@@ -261,6 +267,7 @@ class Size:
             first=burst,
             baseline=baseline,
             allocation=self.args.allocation,
+            slice_writes=slice_writes(requests),
         )
 
     async def start_agents(self) -> int:
@@ -327,20 +334,15 @@ class Size:
                 "0",
                 "--leader-elect" if leader_elect else "--no-leader-elect",
                 *(["--offer-publishing"] if self.offering else []),
-                *(
-                    [f"--offer-depth={self.args.offer_depth}"]
-                    if self.offering and self.args.offer_depth is not None
-                    else []
-                ),
             ],
         )
         await asyncio.sleep(QUIET_WINDOW_S)  # let it get going before asking if it is quiet
         await self.quiet(operator, 60 + 0.3 * self.nodes)
         return operator
 
-    async def burst(self, core: Any, res: Any, pods: list[PodPlan], operator: int) -> Burst:
+    async def burst(self, core: Any, res: Any, pods: list[PodPlan], operator: int | None) -> Burst:
         """Create `pods` (and their claims) at once and follow them until all are bound (or
-        the timeout), then until the operator is quiet."""
+        the timeout), then until the operator (None: not running) is quiet."""
         self.tracker = tracker = Tracker(len(pods))
         self.leases.reset()
         self.monitor.stale.clear()
@@ -355,7 +357,8 @@ class Size:
             self.check_alive()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tracker.all_bound.wait(), timeout=1.0)
-        await self.quiet(operator, 60.0)
+        if operator is not None:
+            await self.quiet(operator, 60.0)
         cpu_after = self.cpu_all()
         attempts = await scheduler_attempts(self.testbed)
         attempts.subtract(attempts_before)

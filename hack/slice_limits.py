@@ -2,12 +2,13 @@
 """Measure what a kube-apiserver accepts in a resource.k8s.io/v1 ResourceSlice.
 
 Offer mode (docs/offer-mode.md) publishes partitionable devices: counter sets in their own
-slices, devices that consume counters, withdrawn devices with a taint. How many of each fit in
-one slice decides how `migpart.offer_content` splits a node's pool, so the limits are measured
-on the real API server rather than read off a version string: each probe creates a slice with
-server-side dry run (nothing is stored) and bisects the largest count the server accepts. A
-probe also reports whether the server kept the field: a server whose feature gate is off drops
-it silently (then the "limit" is only that of the fields left).
+slices, devices that consume counters, placements the agent cannot make with a taint. How many
+of each fit in one slice decides how `migpart.offer.pool` splits a node's pool (its `MAX_*`),
+so the limits are measured on the real API server rather than read off a version string: each
+probe creates a slice with server-side dry run (nothing is stored) and bisects the largest
+count the server accepts. A probe also reports whether the server kept the field: a server
+whose feature gate is off drops it silently (then the "limit" is only that of the fields
+left).
 
     PYTHONPATH=operator .venv/bin/python hack/slice_limits.py            # starts a testbed
     MIGPART_K8S_VERSION=1.34.4 PYTHONPATH=operator .venv/bin/python hack/slice_limits.py
