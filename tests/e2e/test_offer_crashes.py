@@ -31,7 +31,7 @@ import pytest
 from migpart.agent.simulator import CRASH_STATUS, CRASHED_FILE, mig_uuid
 from migpart.demo.cluster import LocalCluster
 from tests.e2e.conftest import H100, SERVED, Scenario
-from tests.e2e.test_offer_mode import by_profile, instances, offered, reasons
+from tests.e2e.offer import by_profile, instances, offered, reasons
 
 pytestmark = pytest.mark.e2e
 

@@ -27,7 +27,7 @@ import pytest
 from migpart.demo.cluster import LocalCluster
 from migpart.testing.builders import ClaimBuilder, PodBuilder
 from tests.e2e.conftest import H100, SERVED, Scenario
-from tests.e2e.test_offer_mode import by_profile, instances, offered, pool_slices, reasons
+from tests.e2e.offer import by_profile, instances, offered, pool_slices, reasons
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from migpart.api.selectors import parse_node_selector
+from tests.chart import Doc, args, one, pod_spec, render, with_values
 from tests.tools import CHART, IMAGE_VALUES, ROOT, run
-from tests.unit.test_chart_values import Doc, args, one, pod_spec, render, with_values
 
 KUBE_VERSION = "--kube-version=1.34.4"
 PLACEHOLDER_MESSAGE = (
@@ -136,7 +136,7 @@ def test_operator_replicas_prefer_distinct_nodes_unless_affinity_is_given(tmp_pa
     selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
     assert selector == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
     assert "affinity" not in pod_spec(docs, "DaemonSet")
-    given = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}
+    given: Doc = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}
     docs = with_values(tmp_path, {"operator": {"affinity": given}})
     assert pod_spec(docs, "Deployment")["affinity"] == given
 

@@ -15,7 +15,8 @@ import pytest
 
 from migpart.agent.metrics import AgentMetrics
 from migpart.controller.metrics import Metrics
-from tests.unit.test_manifests import DOCS, PARSERS, ROOT, known_flags
+from tests.commands import DOCS, PARSERS, known_flags
+from tests.tools import ROOT
 
 # ------------------------------------------------------------------ Dockerfile
 

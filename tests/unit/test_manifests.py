@@ -10,10 +10,8 @@ migpart.controller, migpart.kube and migpart.agent; keep the tables in step with
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +22,11 @@ from migpart.api.leases import LEASE_NAMESPACE
 from migpart.api.models import GROUP, VERSION
 from migpart.api.selectors import MANAGED_LABEL, LabelSelector
 from migpart.commands import agent as agent_command
-from migpart.commands import operator as operator_command
 from migpart.dra import DRIVER
+from tests.commands import PARSERS, parse
+from tests.tools import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
-DOCS = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md"])
 NAMESPACE = "migpart-system"
 OPERATOR_SA = "migpart-operator"
 AGENT_SA = "migpart-agent"
@@ -190,35 +187,6 @@ def pod_spec(obj: Doc) -> Doc:
 def containers(obj: Doc) -> list[Doc]:
     spec = pod_spec(obj)
     return [*spec.get("initContainers", []), *spec["containers"]]
-
-
-def operator_args(argv: list[str]) -> Any:
-    return operator_command.parse_args(argv)
-
-
-def agent_args(argv: list[str]) -> Any:
-    return agent_command.parser().parse_args(argv)
-
-
-PARSERS: dict[str, Callable[[list[str]], Any]] = {"operator": operator_args, "agent": agent_args}
-
-
-def parse(command: str, argv: list[str]) -> Any:
-    """The parsed arguments, or a test failure with argparse's message (not a SystemExit)."""
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return PARSERS[command](argv)
-    except SystemExit:
-        pytest.fail(f"migpart {command} rejects {argv}: {err.getvalue().strip()}")
-
-
-def known_flags(command: str) -> set[str]:
-    """Every option string the command's parser accepts, read from its --help text."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        PARSERS[command](["--help"])
-    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", out.getvalue()))
 
 
 def migpart_command(container: Doc) -> tuple[str, list[str]]:
