@@ -45,7 +45,7 @@ OPERATOR_ROWS: list[Row] = [
     (OPERATOR, "create", "", "pods", "", False),
     (OPERATOR, "delete", "", "pods", "", False),
     (OPERATOR, "update", "resource.k8s.io", "resourceclaims", "status", False),
-    (OPERATOR, "patch", "resource.k8s.io", "resourceclaims", "status", True),  # offer mode
+    (OPERATOR, "patch", "resource.k8s.io", "resourceclaims", "status", False),  # nothing writes it
     (OPERATOR, "create", GROUP, "gpupartitionpolicies", "", False),
     (OPERATOR, "patch", GROUP, "gpupartitionpolicies", "", False),
     (OPERATOR, "delete", GROUP, "gpupartitionpolicies", "", False),
