@@ -14,7 +14,7 @@ from bench.chaos_faults import (
 )
 from migpart.api.models import GROUP, MigNodeSpec
 from migpart.demo.trace import TracePod
-from migpart.dra import DeviceId
+from migpart.slices.dra import DeviceId
 from migpart.testing.builders import PolicyBuilder
 from migpart.testing.invariants import Device
 

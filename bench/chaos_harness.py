@@ -41,8 +41,8 @@ from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.demo.cluster import LocalCluster
 from migpart.demo.replay import NAMESPACE, pod_body, template_name
 from migpart.demo.trace import TracePod
-from migpart.dra import DRIVER
 from migpart.mig import lookup_table
+from migpart.slices.dra import DRIVER
 from migpart.testing.invariants import DestroyedWhileAllocated, Device, overlapping_allocations
 
 # how long prepare-crash waits for an armed agent to reach a create or destroy in a prepare

@@ -94,7 +94,7 @@ from bench.e2e_latency_pods import (
     reactive_pod,
 )
 from migpart.demo.cluster import LocalCluster
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
 from migpart.testing.builders import POOL_LABEL, PolicyBuilder

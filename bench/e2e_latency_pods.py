@@ -13,8 +13,8 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
-from migpart.dra import allocation_results, ours
 from migpart.mig import device_name
+from migpart.slices.dra import allocation_results, ours
 from migpart.testing.builders import POOL_LABEL, ClaimBuilder, PodBuilder, profile_is
 
 NAMESPACE = "bench"

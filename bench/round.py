@@ -26,10 +26,10 @@ from typing import Any
 
 from migpart.api.models import MigNodeStatus
 from migpart.controller.scope import Cluster, ScopeCache
-from migpart.dra import DEVICE_CLASS, DRIVER
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import SnapshotCache
 from migpart.planning.planner import plan
+from migpart.slices.dra import DEVICE_CLASS, DRIVER
 from migpart.testing.builders import (
     ClaimBuilder,
     MigNodeBuilder,

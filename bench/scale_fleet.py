@@ -78,10 +78,10 @@ from migpart.api.models import (
     MigNodeSpec,
     MigNodeStatus,
 )
-from migpart.dra import now_iso
 from migpart.errors import ResourceNotServed
 from migpart.kube.client import api_client
 from migpart.kube.watch import follow
+from migpart.slices.dra import now_iso
 from migpart.types import Body
 
 # One for the watch, the rest for status writes, Lease renewals and MigNode creates. A renewal

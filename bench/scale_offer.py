@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from bench.scale_api import raw
 from bench.scale_cluster import POOLS, Tracker, node_names, policy_name
 from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed.build import kube_version
 
 if TYPE_CHECKING:

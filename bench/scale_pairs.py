@@ -41,7 +41,7 @@ from bench.scale_cluster import (
     node_names,
 )
 from bench.scale_run import Size
-from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION
+from migpart.slices.dra import RESOURCE_GROUP, RESOURCE_VERSION
 
 SLICES = (RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")
 

@@ -24,7 +24,7 @@ import grpc
 from kubernetes_asyncio import client
 
 from migpart.agent.proto import dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from migpart.dra import now_iso
+from migpart.slices.dra import now_iso
 
 
 class PrepareFailed(RuntimeError):

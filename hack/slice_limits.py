@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION
+from migpart.slices.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION
 
 Body = dict[str, Any]
 URL = f"/apis/{RESOURCE_GROUP}/{RESOURCE_VERSION}/resourceslices?dryRun=All"

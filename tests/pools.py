@@ -9,7 +9,7 @@ from migpart.kube.slice_publisher import SlicesFn
 from migpart.mig.catalog import CATALOG
 from migpart.offer.pool import stable_pool
 from migpart.planning.model import DeviceRef
-from migpart.slice_content import DeviceCache, SliceContent
+from migpart.slices.content import DeviceCache, SliceContent
 
 
 def every_placement(model: str, gpus: int) -> list[DeviceRef]:

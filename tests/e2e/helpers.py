@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testing.builders import profile_is
 from tests.e2e.conftest import H100, Scenario
 

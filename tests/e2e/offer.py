@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from migpart.demo.cluster import LocalCluster
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from tests.e2e.conftest import Scenario
 
 

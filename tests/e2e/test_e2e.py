@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from migpart.dra import DRIVER
 from migpart.mig import device_name
+from migpart.slices.dra import DRIVER
 from migpart.testing.builders import profile_is
 from tests.e2e.conftest import H100, H200, Scenario, wait_s
 from tests.e2e.helpers import instances, one_free_whole_gpu

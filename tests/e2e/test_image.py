@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from migpart.demo.cluster import LocalCluster
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from tests.e2e.conftest import H100, InvariantMonitor, Scenario
 from tests.testbeds import running_testbed
 

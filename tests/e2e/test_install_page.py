@@ -46,7 +46,7 @@ import pytest
 import yaml
 
 from migpart.demo.cluster import LocalCluster, SimNode
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.kubelet import RUN_SECONDS_ENV, NodeKubelet
 from tests.testbeds import running_testbed

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from migpart.demo.cluster import OPERATOR_NAMESPACE, LocalCluster
-from migpart.dra import DRIVER
 from migpart.kube.election import MANAGER_PREFIX
 from migpart.mig import device_name
+from migpart.slices.dra import DRIVER
 from migpart.testing.builders import profile_is
 from tests.e2e.conftest import H100, LEASE_TIMEOUT_S, Scenario, wait_s
 from tests.e2e.helpers import one_free_whole_gpu

@@ -19,8 +19,8 @@ from typing import Any
 
 from migpart.api.models import GpuStatus
 from migpart.api.selectors import MANAGED_LABEL
-from migpart.dra import DRIVER
 from migpart.offer.pool import counter_set, placement_device
+from migpart.slices.dra import DRIVER
 from migpart.testing.builders import RESOURCE_API
 from tests.e2e.conftest import H100, SERVED, Scenario
 

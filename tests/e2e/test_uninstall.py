@@ -22,7 +22,7 @@ import yaml
 
 from migpart.api.models import GROUP
 from migpart.demo.cluster import LocalCluster
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed.build import kube_version
 from migpart.testing.builders import profile_is
 from tests.e2e.conftest import H100, InvariantMonitor, Scenario, wait_s

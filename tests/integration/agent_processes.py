@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.simulator import SimulatedNvml
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     H100,

@@ -36,7 +36,7 @@ from migpart.clock import RealClock
 from migpart.controller.handlers import OperatorConfig, operate
 from migpart.controller.metrics import Metrics
 from migpart.controller.state import Hooks, JournalEntry, OperatorState
-from migpart.dra import DRIVER, micro_time
+from migpart.slices.dra import DRIVER, micro_time
 from migpart.testbed import Testbed
 from migpart.testing import builders
 from migpart.testing.builders import (

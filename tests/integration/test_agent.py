@@ -19,7 +19,7 @@ from migpart.agent.app import AgentConfig
 from migpart.agent.claims import ClaimNotFound, KubeClaims
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GROUP
-from migpart.dra import DRIVER, AllocatedDevice
+from migpart.slices.dra import DRIVER, AllocatedDevice
 from migpart.testing.builders import ClaimBuilder
 from tests.integration.agent_processes import running_agent
 from tests.stopping import stop_async_process

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed, TestbedError
 from tests.integration.conftest import (
     PROFILE_IS,

@@ -28,7 +28,7 @@ import yaml
 
 from migpart.api.leases import LEASE_NAMESPACE, lease_name
 from migpart.api.models import GROUP
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
 from tests.integration.access import (

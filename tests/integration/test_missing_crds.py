@@ -21,7 +21,7 @@ from typing import IO, Any
 import pytest
 
 from migpart.api.models import GROUP, VERSION
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.run import free_port
 from tests.integration.conftest import H100, ROOT, eventually, get_or_none, policy_body

@@ -17,13 +17,13 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 
 from migpart.api.models import FailedInstance, MigNode, MigNodeStatus
-from migpart.dra import DRIVER
 from migpart.kube.slice_publisher import SlicePublisher
 from migpart.mig.catalog import CATALOG
 from migpart.mig.profiles import device_name
 from migpart.offer.pool import UNUSABLE_TAINT, stable_pool
 from migpart.planning.model import DeviceRef
-from migpart.slice_content import slice_name
+from migpart.slices.content import slice_name
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.build import kube_version
 from migpart.testing.builders import ClaimBuilder, PodBuilder, gpu_status, profile_is

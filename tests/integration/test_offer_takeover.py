@@ -18,7 +18,7 @@ import pytest
 
 from migpart.controller.handlers import Election
 from migpart.controller.state import OperatorState
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     LONG_LEASE_TIMEOUT_S,

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     PROFILE_IS,

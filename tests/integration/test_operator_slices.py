@@ -7,7 +7,7 @@ import time
 import pytest
 
 from migpart.controller.state import OperatorState
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (
     RunningOperator,

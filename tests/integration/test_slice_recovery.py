@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testing.builders import PodBuilder
 from tests.integration.conftest import (

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from tests.chart import Doc, args, container, env, kinds, one, pod_spec, render, with_values
 from tests.tools import CHART, MANIFESTS
 

@@ -22,7 +22,7 @@ from migpart.api.leases import LEASE_NAMESPACE
 from migpart.api.models import GROUP, VERSION
 from migpart.api.selectors import MANAGED_LABEL, LabelSelector
 from migpart.commands import agent as agent_command
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from tests.commands import PARSERS, parse
 from tests.tools import ROOT
 

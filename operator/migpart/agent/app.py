@@ -23,7 +23,7 @@ from migpart.agent.publishers import KubePublishers
 from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimFaults, SimulatedNvml
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
-from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
+from migpart.slices.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence

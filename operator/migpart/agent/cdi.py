@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from migpart.agent.checkpoint import atomic_write
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION, AllocatedDevice, allocation_results
+from migpart.slices.dra import RESOURCE_GROUP, RESOURCE_VERSION, AllocatedDevice, allocation_results
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient

@@ -26,8 +26,8 @@ from migpart.api.models import (
     MigNodeSpec,
     MigNodeStatus,
 )
-from migpart.dra import now_iso
 from migpart.errors import ResourceNotServed
+from migpart.slices.dra import now_iso
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

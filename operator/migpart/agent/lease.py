@@ -29,7 +29,7 @@ from migpart.api.leases import (
     LEASE_RENEW_S,
     lease_name,
 )
-from migpart.dra import micro_time
+from migpart.slices.dra import micro_time
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -56,9 +56,9 @@ from migpart.agent.reconciler import (
     overlapping,
 )
 from migpart.api.models import KubeletPluginStatus
-from migpart.dra import DRIVER, DeviceId, ours
 from migpart.errors import MigpartError, NvmlFailure
 from migpart.mig import Instance, device_name
+from migpart.slices.dra import DRIVER, DeviceId, ours
 
 if TYPE_CHECKING:
     from collections.abc import Callable

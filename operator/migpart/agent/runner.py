@@ -43,8 +43,8 @@ from migpart.agent.publishers import PUBLISHERS, Overlap, PublisherProbe
 from migpart.agent.reconciler import condition, reconcile_once
 from migpart.api.models import PUBLISHER_OVERLAP
 from migpart.clock import Clock, RealClock
-from migpart.dra import now_iso
 from migpart.errors import GpuBusy, NvmlFailure, ResourceNotServed
+from migpart.slices.dra import now_iso
 
 if TYPE_CHECKING:
     from collections.abc import Callable

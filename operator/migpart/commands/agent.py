@@ -13,8 +13,8 @@ from migpart.agent.simulator import SimFaults, parse_simulate
 from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE, LEASE_RENEW_S
 from migpart.commands.options import Parser, log_level, port
 from migpart.commands.stopping import run_until_signalled
-from migpart.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 from migpart.kube.client import KubeconfigError, api_client, load_configuration
+from migpart.slices.dra import KUBELET_PLUGIN_DIR, KUBELET_REGISTRY_DIR
 
 # How long SIGTERM may take to stop the agent (Kubernetes' default grace period is 30 s).
 STOP_GRACE_S = 25.0

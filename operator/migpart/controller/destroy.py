@@ -39,11 +39,11 @@ from migpart.controller.bodies import uid_of
 from migpart.controller.effects import Effects
 from migpart.controller.metrics import Metrics
 from migpart.controller.state import FRESH_S, Hooks, JournalEntry, Sighting
-from migpart.dra import DeviceId, allocated_ids
 from migpart.kube.claims import AllocatedDevices, body_key, is_allocated
 from migpart.kube.snapshot import node_name
 from migpart.mig import Instance
 from migpart.planning.model import GpuPlan
+from migpart.slices.dra import DeviceId, allocated_ids
 from migpart.types import Body
 
 log = structlog.get_logger(__name__)

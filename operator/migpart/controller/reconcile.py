@@ -42,7 +42,6 @@ from migpart.controller.indexes import with_own_writes
 from migpart.controller.scope import Cluster, PolicyDemand, Scope
 from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
 from migpart.controller.status import invalid_status, round_status
-from migpart.dra import as_iso
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.snapshot import node_name, reconfiguring
 from migpart.mig import device_name
@@ -52,6 +51,7 @@ from migpart.planning.changes import changed_nodes, choose_nodes, layout_changes
 from migpart.planning.model import GpuPlan, Plan, Snapshot
 from migpart.planning.overtime import aged_requests
 from migpart.planning.planner import plan as make_plan
+from migpart.slices.dra import as_iso
 from migpart.types import Body
 
 log = structlog.get_logger(__name__)

@@ -20,7 +20,6 @@ from migpart.controller.health import NodeHealth, StaleMarks
 from migpart.controller.metrics import Metrics
 from migpart.controller.scope import ScopeCache
 from migpart.controller.workers import Workers
-from migpart.dra import DeviceId
 from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
 from migpart.kube.election_thread import ElectionThread
@@ -30,6 +29,7 @@ from migpart.kube.snapshot import SnapshotCache
 from migpart.kube.watch import Index
 from migpart.offer.nodes import OfferingNodes
 from migpart.planning.model import Plan, Request
+from migpart.slices.dra import DeviceId
 
 if TYPE_CHECKING:
     from migpart.controller.indexes import Indexes

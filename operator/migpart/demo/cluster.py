@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import IO
 
 from migpart.api.models import GROUP
-from migpart.dra import DRIVER
 from migpart.kube.election_lease import DEFAULT_NAMESPACE
+from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from migpart.testbed.kubelet import NodeKubelet
 from migpart.testbed.run import log_tail, opted_in, terminate_all, wait_until

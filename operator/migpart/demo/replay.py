@@ -22,8 +22,8 @@ from kubernetes_asyncio import client
 
 from migpart.api.models import GROUP, MIGNODE_PLURAL, VERSION
 from migpart.demo.trace import TracePod
-from migpart.dra import DeviceId
 from migpart.mig import ModelTable
+from migpart.slices.dra import DeviceId
 from migpart.testbed.kubelet import RUN_SECONDS_ENV
 from migpart.testing.builders import ClaimBuilder, PodBuilder, memory_at_least, profile_is
 from migpart.testing.invariants import DestroyedWhileAllocated, Violation

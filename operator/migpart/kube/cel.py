@@ -3,7 +3,7 @@
 The operator must know which MIG profiles would satisfy a pending ResourceClaim before any
 device of that profile exists: it evaluates the DeviceClass and request selectors against a
 *virtual* device of each profile, built exactly like the device the ResourceSlice will publish
-(`migpart.slice_content.slice_device` is that one definition; the slice publisher uses it too,
+(`migpart.slices.content.slice_device` is that one definition; the slice publisher uses it too,
 so that the two never disagree).
 
 cel-python implements the CEL language and its standard functions; Kubernetes adds libraries
@@ -38,10 +38,10 @@ from celpy import celtypes
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, CELSyntaxError, CELUnsupportedError, base_functions
 
-from migpart.dra import DRIVER
 from migpart.errors import InvalidInput, SelectorError
 from migpart.kube.cel_library import FUNCTIONS, Quantity, Semver
-from migpart.slice_content import slice_device
+from migpart.slices.content import slice_device
+from migpart.slices.dra import DRIVER
 
 if TYPE_CHECKING:
     from migpart.mig.profiles import ModelTable

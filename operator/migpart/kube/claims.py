@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
 from migpart.api.models import MigNode
-from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION, DeviceId, allocated_ids
+from migpart.slices.dra import RESOURCE_GROUP, RESOURCE_VERSION, DeviceId, allocated_ids
 from migpart.types import Body
 
 

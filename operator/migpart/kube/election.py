@@ -46,8 +46,8 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart import __version__
-from migpart.dra import micro_time
 from migpart.kube.election_lease import LEASE_DURATION_S, Conflict, LeaseRecord, LeaseStore
+from migpart.slices.dra import micro_time
 
 log = structlog.get_logger(__name__)
 

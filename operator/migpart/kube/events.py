@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
-from migpart.dra import now_iso
+from migpart.slices.dra import now_iso
 
 REPORTING_COMPONENT = "migpart"
 

@@ -24,8 +24,8 @@ from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.clock import Clock
-from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION
-from migpart.slice_content import SLICE_PLURAL
+from migpart.slices.content import SLICE_PLURAL
+from migpart.slices.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION
 
 log = structlog.get_logger(__name__)
 

@@ -18,8 +18,8 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
 from migpart.api.leases import LEASE_LABELS, lease_node
 from migpart.api.models import Condition, condition_of
-from migpart.dra import now_iso
 from migpart.kube.watch import follow, label_selector
+from migpart.slices.dra import now_iso
 
 log = structlog.get_logger(__name__)
 

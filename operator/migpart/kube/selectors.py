@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from migpart.dra import DRIVER
 from migpart.errors import SelectorError
 from migpart.kube.cel import Device, matches, virtual_device
 from migpart.mig.profiles import ModelTable, Profile
 from migpart.planning.candidates import Verdict, by_size
+from migpart.slices.dra import DRIVER
 
 
 @lru_cache(maxsize=64)

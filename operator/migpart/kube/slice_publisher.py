@@ -2,7 +2,7 @@
 
 `SlicePublisher` keeps the newest MigNode of each node and the devices the destroy protocol
 withdrew (docs/destroy-protocol.md: they leave the slice before they leave `MigNode.spec`),
-asks `migpart.slice_content.node_slices` (or, in offer mode, the `slices` function it is
+asks `migpart.slices.content.node_slices` (or, in offer mode, the `slices` function it is
 given) what the node's pool must hold, and makes the cluster hold that. A pool is one slice
 in reactive mode and several in offer mode; when any slice's digest differs from what the
 cluster holds, or a slice is missing or left over, every slice of the pool is written at one
@@ -26,23 +26,23 @@ from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import MigNode
-from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION
 from migpart.errors import StaleSnapshot
 from migpart.kube.slice_watch import SliceState, SliceView
-from migpart.slice_content import (
+from migpart.slices.content import (
     SLICE_PLURAL,
     DeviceCache,
     SliceContent,
     node_slices,
     wanted_devices,
 )
+from migpart.slices.dra import RESOURCE_GROUP, RESOURCE_VERSION
 
 log = structlog.get_logger(__name__)
 
 # Called right before a slice write is sent; raises to stop it (None: no check).
 Fence = Callable[[], None] | None
 # What a node's pool must hold, from its MigNode, its withdrawn devices, whether it is
-# available, and a device cache (`slice_content.node_slices` has this signature).
+# available, and a device cache (`slices.content.node_slices` has this signature).
 SlicesFn = Callable[[MigNode, frozenset[str], bool, DeviceCache], list[SliceContent]]
 
 

@@ -30,15 +30,15 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 
 from migpart.api.models import MigNode
-from migpart.dra import DRIVER
 from migpart.kube.watch import follow, label_selector
-from migpart.slice_content import (
+from migpart.slices.content import (
     DIGEST_ANNOTATION,
     SLICE_LABELS,
     SLICE_PLURAL,
     slice_index,
     slice_name,
 )
+from migpart.slices.dra import DRIVER
 
 log = structlog.get_logger(__name__)
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from migpart.api.models import GpuStatus, MigNode
-from migpart.dra import DeviceId
 from migpart.mig import Instance, ModelTable, device_name, layout_problems
 from migpart.planning.model import GpuState, InstanceState, NodeState, Snapshot
+from migpart.slices.dra import DeviceId
 
 
 def node_name(node: MigNode) -> str:

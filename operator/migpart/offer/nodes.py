@@ -5,7 +5,7 @@ told here by that policy's rounds (`OfferingNodes.assign`), which give it the of
 The one `SlicePublisher` asks `OfferingNodes.slices` for every node's slices: the stable pool
 (`migpart.offer.pool.stable_pool`, its placements in the planner's order) for a node whose
 MigNode spec says `allocation: Offer`, every other node's reactive slice
-(`migpart.slice_content.node_slices`), byte for byte as without offer mode. The pool follows
+(`migpart.slices.content.node_slices`), byte for byte as without offer mode. The pool follows
 the spec, not the assignment, because the agent does: a node joins offer mode once its agent
 makes room at prepare, and leaves it once a round handed it back (`PolicyRound.write_modes`,
 which waits until every placement a claim holds there is made), never with an allocation of
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from migpart.api.models import MigNode
-from migpart.dra import allocation_results, ours
 from migpart.kube.claims import body_key
 from migpart.kube.watch import Index
 from migpart.mig import device_name
@@ -35,7 +34,8 @@ from migpart.mig.profiles import ModelTable
 from migpart.offer.pool import node_gpus, stable_pool
 from migpart.planning.listing import planner_order
 from migpart.planning.model import DeviceRef, PolicyView
-from migpart.slice_content import DeviceCache, SliceContent, node_slices
+from migpart.slices.content import DeviceCache, SliceContent, node_slices
+from migpart.slices.dra import allocation_results, ours
 from migpart.types import Body
 
 # Orders kept (one per GPU set and policy view; a fleet has few).

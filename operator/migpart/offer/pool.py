@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from migpart.api.models import GpuStatus, MigNode
-from migpart.dra import DRIVER
 from migpart.mig import Profile
 from migpart.mig.profiles import ModelTable, device_name
 from migpart.planning.model import DeviceRef
-from migpart.slice_content import (
+from migpart.slices.content import (
     Device,
     DeviceCache,
     SliceContent,
@@ -50,6 +49,7 @@ from migpart.slice_content import (
     node_slices,
     slice_device,
 )
+from migpart.slices.dra import DRIVER
 
 # The API server's limits on one resource.k8s.io/v1 ResourceSlice (Kubernetes 1.36+, measured
 # by hack/slice_limits.py; docs/offer-mode.md "API server limits"):

@@ -35,7 +35,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from migpart.dra import DRIVER
 from migpart.errors import SelectorError
 from migpart.mig.profiles import ModelTable
 from migpart.planning.candidates import (
@@ -46,6 +45,7 @@ from migpart.planning.candidates import (
     resolve_request,
 )
 from migpart.planning.model import PolicyView, Request
+from migpart.slices.dra import DRIVER
 
 _SAME_GPU_ATTRIBUTES = frozenset({"parentUUID", "gpuIndex"})
 _UNENFORCED_ATTRIBUTES = frozenset({"productName", "placementStart"})

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from migpart.api.selectors import MANAGED_LABEL
-from migpart.dra import now_iso
 from migpart.errors import MigpartError
+from migpart.slices.dra import now_iso
 from migpart.testbed.build import build
 
 

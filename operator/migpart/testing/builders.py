@@ -24,8 +24,8 @@ from migpart.api.models import (
     MigNodeStatus,
     ProfileInfo,
 )
-from migpart.dra import DEVICE_CLASS, DRIVER
 from migpart.mig import builtin_table
+from migpart.slices.dra import DEVICE_CLASS, DRIVER
 
 H100 = "NVIDIA H100 80GB HBM3"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"

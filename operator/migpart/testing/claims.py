@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from migpart.agent.claims import ClaimNotFound, devices_of
-from migpart.dra import AllocatedDevice
+from migpart.slices.dra import AllocatedDevice
 
 
 class InMemoryClaims:

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
-from migpart.dra import DRIVER
 from migpart.mig import device_name
+from migpart.slices.dra import DRIVER
 
 if TYPE_CHECKING:
     from migpart.mig import ModelTable

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from migpart.agent.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec
-from migpart.dra import DRIVER
 from migpart.mig import device_name
+from migpart.slices.dra import DRIVER
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -15,8 +15,8 @@ from migpart.agent.runner import Agent
 from migpart.api.leases import lease_name, lease_node
 from migpart.api.models import GROUP, VERSION, MigNodeSpec
 from migpart.commands.agent import config_from, parser
-from migpart.dra import micro_time
 from migpart.errors import ResourceNotServed
+from migpart.slices.dra import micro_time
 from migpart.testing.mignodes import InMemoryMigNodes
 from tests.unit.agent.helpers import running
 

@@ -19,7 +19,7 @@ from migpart.agent.reconciler import reconcile_once
 from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import FailedInstance
-from migpart.dra import DRIVER, AllocatedDevice
+from migpart.slices.dra import DRIVER, AllocatedDevice
 from migpart.testing.claims import InMemoryClaims
 from migpart.testing.mignodes import InMemoryMigNodes
 from tests.unit.agent.helpers import layout, one_gpu, prepare

@@ -27,7 +27,7 @@ from migpart.agent.proto import (
 from migpart.agent.reconciler import reconcile_once
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GpuSpec, MigNodeSpec
-from migpart.dra import DRIVER, AllocatedDevice
+from migpart.slices.dra import DRIVER, AllocatedDevice
 from migpart.testing.claims import InMemoryClaims
 from tests.unit.agent.conftest import H100
 

@@ -21,7 +21,7 @@ from migpart.agent.plugin import ClaimRef, DraDriver, PrepareError
 from migpart.agent.reconciler import reconcile_once
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec
-from migpart.dra import DRIVER, AllocatedDevice
+from migpart.slices.dra import DRIVER, AllocatedDevice
 from migpart.testing.claims import InMemoryClaims
 from tests.unit.agent.helpers import layout, prepare
 

@@ -15,7 +15,7 @@ from migpart.agent.runner import Agent
 from migpart.agent.simulator import SimulatedNvml
 from migpart.api.models import MigNodeSpec, MigNodeStatus
 from migpart.commands.agent import config_from, parser
-from migpart.dra import DRIVER
+from migpart.slices.dra import DRIVER
 from migpart.testing.mignodes import InMemoryMigNodes
 from tests.unit.agent.conftest import H100, H200
 from tests.unit.agent.helpers import one_gpu, running

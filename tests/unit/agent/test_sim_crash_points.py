@@ -23,7 +23,7 @@ from migpart.agent.simulator import (
     SimulatedNvml,
 )
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec
-from migpart.dra import DRIVER, AllocatedDevice
+from migpart.slices.dra import DRIVER, AllocatedDevice
 from migpart.testing.claims import InMemoryClaims
 from tests.unit.agent.conftest import H100
 from tests.unit.agent.helpers import layout

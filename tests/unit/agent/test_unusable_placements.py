@@ -24,7 +24,7 @@ from migpart.agent.plugin import ClaimRef, DraDriver, PrepareError
 from migpart.agent.runner import Agent
 from migpart.api.models import GpuSpec, MigInstanceSpec, MigNodeSpec
 from migpart.clock import ManualClock
-from migpart.dra import DRIVER, AllocatedDevice
+from migpart.slices.dra import DRIVER, AllocatedDevice
 from migpart.testing.claims import InMemoryClaims
 from migpart.testing.mignodes import InMemoryMigNodes
 from tests.unit.agent.helpers import layout, prepare, running

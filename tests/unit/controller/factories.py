@@ -12,8 +12,8 @@ from migpart.clock import ManualClock
 from migpart.controller.health import NodeHealth
 from migpart.controller.scope import Cluster
 from migpart.controller.state import OperatorState
-from migpart.dra import DRIVER
 from migpart.kube.placement import NodeFacts
+from migpart.slices.dra import DRIVER
 from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, PolicyBuilder, profile_is
 from tests.unit.kube.factories import gpu
 

@@ -107,10 +107,10 @@ async def test_a_deleted_node_is_forgotten_and_not_written() -> None:
 async def test_a_deleted_slice_is_written_again_through_the_nodes_one_write_task() -> None:
     """The slice watch hands a deleted slice to the MigNode watch: a write for the node already
     in flight then gives exactly one more, as for any MigNode event."""
-    from migpart.dra import DRIVER
     from migpart.kube.slice_publisher import SlicePublisher
     from migpart.kube.slice_watch import SliceWatch
-    from migpart.slice_content import slice_name
+    from migpart.slices.content import slice_name
+    from migpart.slices.dra import DRIVER
 
     w, publisher, listed = watch()
     real = SlicePublisher(api=cast(Any, None))
@@ -136,10 +136,10 @@ async def test_a_slice_deleted_while_the_watch_was_down_is_written_again_at_the_
     """No DELETED event comes for a slice deleted during a watch outage: the relist that
     follows does not hold it, the publisher forgets it and the node's write task writes it
     again (before, the view kept it, and every resync found its digest unchanged)."""
-    from migpart.dra import DRIVER
     from migpart.kube.slice_publisher import SlicePublisher
     from migpart.kube.slice_watch import SliceWatch
-    from migpart.slice_content import slice_name
+    from migpart.slices.content import slice_name
+    from migpart.slices.dra import DRIVER
 
     w, publisher, listed = watch()
     real = SlicePublisher(api=cast(Any, None))

@@ -13,9 +13,9 @@ from migpart.clock import ManualClock
 from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
-from migpart.dra import DRIVER
 from migpart.kube.leases import stale_conditions
 from migpart.kube.placement import NodeFacts
+from migpart.slices.dra import DRIVER
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import (
     DEVICE_CLASS,

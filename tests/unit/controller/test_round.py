@@ -10,10 +10,10 @@ from migpart.api.models import MigNode
 from migpart.controller.indexes import with_own_writes
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
-from migpart.dra import DRIVER
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import reconfiguring
 from migpart.planning.model import Plan
+from migpart.slices.dra import DRIVER
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import (
     DEVICE_CLASS,

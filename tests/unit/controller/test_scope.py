@@ -7,8 +7,8 @@ from typing import Any
 
 from migpart.api.models import MigInstanceStatus, MigNode, MigNodeStatus
 from migpart.controller.scope import Cluster, ScopeCache
-from migpart.dra import DRIVER
 from migpart.kube.placement import NodeFacts
+from migpart.slices.dra import DRIVER
 from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy
 from tests.unit.kube.factories import gpu
 

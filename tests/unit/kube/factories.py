@@ -13,7 +13,7 @@ from migpart.api.models import (
     MigNodeSpec,
     MigNodeStatus,
 )
-from migpart.slice_content import node_slices
+from migpart.slices.content import node_slices
 from migpart.testing.builders import H100, gpu_status
 
 

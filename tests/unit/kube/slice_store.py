@@ -12,8 +12,8 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.dra import RESOURCE_GROUP, RESOURCE_VERSION
-from migpart.slice_content import SLICE_PLURAL
+from migpart.slices.content import SLICE_PLURAL
+from migpart.slices.dra import RESOURCE_GROUP, RESOURCE_VERSION
 
 
 @dataclass

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migpart.dra import DRIVER
 from migpart.errors import SelectorError
 from migpart.kube.cel import (
     Device,
@@ -21,7 +20,8 @@ from migpart.kube.cel import (
 )
 from migpart.kube.cel_library import Quantity, Semver, parse_quantity
 from migpart.mig import CATALOG
-from migpart.slice_content import slice_device
+from migpart.slices.content import slice_device
+from migpart.slices.dra import DRIVER
 
 H100 = CATALOG["NVIDIA H100 80GB HBM3"]
 H200 = CATALOG["NVIDIA H200"]

@@ -13,7 +13,6 @@ from migpart.controller.health import NodeHealth
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster, ScopeCache
 from migpart.controller.state import FRESH_S, OperatorState, Sighting
-from migpart.dra import DRIVER, DeviceId, allocated_ids
 from migpart.kube.claims import (
     AllocatedDevices,
     pending_claims,
@@ -22,6 +21,7 @@ from migpart.kube.claims import (
     prepared_claims,
 )
 from migpart.kube.placement import NodeFacts
+from migpart.slices.dra import DRIVER, DeviceId, allocated_ids
 from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, profile_is
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.kube.factories import gpu

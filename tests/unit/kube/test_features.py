@@ -12,13 +12,13 @@ import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.clock import ManualClock
-from migpart.dra import DRIVER
 from migpart.kube.features import (
     counters_probe,
     devices_probe,
     discover_dra_features,
     features_of,
 )
+from migpart.slices.dra import DRIVER
 
 
 def answered(body: dict[str, Any], *dropped: str) -> dict[str, Any]:

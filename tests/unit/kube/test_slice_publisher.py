@@ -9,11 +9,11 @@ from typing import Any, cast
 import pytest
 
 from migpart.api.models import FailedInstance, MigNode
-from migpart.dra import DRIVER
 from migpart.kube import slice_publisher
 from migpart.kube.slice_publisher import SlicePublisher
 from migpart.kube.slice_watch import SliceState
-from migpart.slice_content import SliceContent, node_slices, slice_name
+from migpart.slices.content import SliceContent, node_slices, slice_name
+from migpart.slices.dra import DRIVER
 from migpart.testing.builders import H100
 from tests.pools import every_placement, offering
 from tests.unit.kube.factories import gpu

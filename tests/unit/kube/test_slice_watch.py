@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from migpart.kube.slice_watch import SliceView
-from migpart.slice_content import slice_index, slice_name
+from migpart.slices.content import slice_index, slice_name
 from tests.unit.kube.factories import watched_slice as watched
 
 

@@ -10,10 +10,10 @@ from migpart.api.models import (
     MigNodeSpec,
     MigNodeStatus,
 )
-from migpart.dra import DeviceId
 from migpart.kube.snapshot import SnapshotCache
 from migpart.planning.model import Request
 from migpart.planning.planner import plan
+from migpart.slices.dra import DeviceId
 from tests.unit.kube.factories import gpu
 
 

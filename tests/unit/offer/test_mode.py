@@ -10,10 +10,10 @@ import pytest
 from migpart.api.models import AllocationMode
 from migpart.controller.reconcile import PolicyRound
 from migpart.controller.scope import Cluster
-from migpart.dra import DRIVER
 from migpart.kube.features import DraFeatures
 from migpart.kube.placement import NodeFacts
 from migpart.offer.mode import DRY_RUN, NOT_PUBLISHING, fell_back, resolve_allocation
+from migpart.slices.dra import DRIVER
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import DEVICE_CLASS, mignode, offline_state, policy
 from tests.unit.kube.factories import gpu

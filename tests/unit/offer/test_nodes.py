@@ -16,7 +16,7 @@ from migpart.offer.nodes import NodeOffer, OfferingNodes
 from migpart.offer.pool import node_gpus
 from migpart.planning.listing import planner_order
 from migpart.planning.model import PolicyView
-from migpart.slice_content import DeviceCache, node_slices
+from migpart.slices.content import DeviceCache, node_slices
 from migpart.testing.builders import ClaimBuilder, profile_is
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import claim, mignode, policy, world

@@ -29,7 +29,7 @@ from migpart.offer.pool import (
 )
 from migpart.planning.listing import planner_order
 from migpart.planning.model import DeviceRef, PolicyView
-from migpart.slice_content import DeviceCache, SliceContent, instance_device, slice_name
+from migpart.slices.content import DeviceCache, SliceContent, instance_device, slice_name
 from migpart.testing.builders import H100, gpu_status
 from tests.unit.kube.factories import gpu
 from tests.unit.kube.factories import spec_node as node

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
-from migpart.dra import DEVICE_CLASS, DRIVER
 from migpart.kube.selectors import CEL
 from migpart.mig import CATALOG
 from migpart.planning.candidates import class_selectors, is_ours
 from migpart.planning.demand import ClaimDemand, Unsatisfiable, claim_demand
 from migpart.planning.model import PolicyView, Request
 from migpart.planning.overtime import AGE_S, aged_requests
+from migpart.slices.dra import DEVICE_CLASS, DRIVER
 from migpart.testing.builders import ClaimBuilder
 
 H100 = "NVIDIA H100 80GB HBM3"

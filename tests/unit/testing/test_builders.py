@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from migpart.api.models import GROUP, VERSION, MigNodeSpec, MigNodeStatus
-from migpart.dra import DEVICE_CLASS, DRIVER, allocated_ids
+from migpart.slices.dra import DEVICE_CLASS, DRIVER, allocated_ids
 from migpart.testing.builders import (
     POOL_LABEL,
     ClaimBuilder,

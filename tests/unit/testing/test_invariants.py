@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from migpart.dra import DRIVER
 from migpart.mig import lookup_table
+from migpart.slices.dra import DRIVER
 from migpart.testing.builders import ClaimBuilder, MigNodeBuilder
 from migpart.testing.invariants import DestroyedWhileAllocated, Violation, overlapping_allocations
 

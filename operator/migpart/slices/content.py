@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode
-from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION, DeviceId
 from migpart.mig import Instance, Profile
 from migpart.mig.profiles import device_name
+from migpart.slices.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION, DeviceId
 
 SLICE_PLURAL = "resourceslices"
 DIGEST_ANNOTATION = "migpart.io/devices-digest"

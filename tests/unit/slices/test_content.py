@@ -9,10 +9,9 @@ import pytest
 from migpart.api.models import (
     MigNode,
 )
-from migpart.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION
 from migpart.kube.cel import device_from_slice, virtual_device
 from migpart.mig import builtin_table
-from migpart.slice_content import (
+from migpart.slices.content import (
     DIGEST_ANNOTATION,
     SLICE_LABELS,
     DeviceCache,
@@ -22,6 +21,7 @@ from migpart.slice_content import (
     slice_name,
     wanted_devices,
 )
+from migpart.slices.dra import DRIVER, RESOURCE_GROUP, RESOURCE_VERSION
 from migpart.testing.builders import H100
 from tests.unit.kube.factories import gpu
 from tests.unit.kube.factories import spec_node as node
