@@ -6,7 +6,8 @@ kube-scheduler's structured allocator walks pools, slices and devices in listing
 takes the first device whose counters are free; it does not score devices. So the order is a
 placement policy, fixed by the GPU model and the policy, not by the moment: the pool is not
 rewritten when a claim comes or goes. A claim names one profile, so only the order of one
-profile's placements matters; the list is grouped by profile.
+profile's placements matters; the profiles are taken in turn (`_interleaved`), so that
+kube-scheduler finds a profile's first free placement near the top of the list.
 
 `planner_order` is migpart's order, chosen with `migpart simulate` against `name_order` and
 three other candidates (docs/offer-simulation.md gives the numbers): the GPUs in a fixed
@@ -43,18 +44,36 @@ def planner_order(gpus: NodeGpus, policy: PolicyView) -> tuple[DeviceRef, ...]:
 
 def name_order(gpus: NodeGpus, policy: PolicyView) -> tuple[DeviceRef, ...]:
     """Every placement `policy` allows on the node's GPUs, each once, in NVIDIA's name order
-    (GPU by GPU, starts ascending), grouped by profile as `planner_order` is."""
+    (GPU by GPU, starts ascending), the profiles taken in turn as `planner_order` takes them."""
     return _listed(gpus, policy, whole_from_last=False)
 
 
 def _listed(gpus: NodeGpus, policy: PolicyView, *, whole_from_last: bool) -> tuple[DeviceRef, ...]:
-    out: list[DeviceRef] = []
+    by_profile: list[list[DeviceRef]] = []
     for name in _profiles(gpus, policy):
         whole = whole_from_last and all(_whole(t, name) for t in gpus.values() if t.has(name))
+        listed: list[DeviceRef] = []
         for index in sorted(gpus, reverse=whole):
             if gpus[index].has(name):
                 starts = sorted(gpus[index].profile(name).placements)
-                out.extend(DeviceRef(index, name, start) for start in starts)
+                listed.extend(DeviceRef(index, name, start) for start in starts)
+        by_profile.append(listed)
+    return _interleaved(by_profile)
+
+
+def _interleaved(by_profile: list[list[DeviceRef]]) -> tuple[DeviceRef, ...]:
+    """Each profile's placements in their order, the profiles taken in turn: the first
+    placement of every profile, then the second of every profile, and so on.
+
+    kube-scheduler evaluates the request's CEL selectors on every device it walks past, on
+    every node it tries, until one fits. Listed one profile after another, a claim for the
+    last profile would walk every placement of the others first (on an H100 node, 192 of
+    200 devices); taken in turn, a profile's k-th placement is at most k times the number of
+    profiles down the list. A claim names one profile, so the order between profiles decides
+    nothing about which placement it gets."""
+    out: list[DeviceRef] = []
+    for rank in range(max((len(refs) for refs in by_profile), default=0)):
+        out.extend(refs[rank] for refs in by_profile if rank < len(refs))
     return tuple(out)
 
 

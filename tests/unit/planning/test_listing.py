@@ -56,11 +56,24 @@ def test_the_order_depends_on_the_gpus_and_the_policy_only(
 
 
 @settings(max_examples=100, deadline=None)
-@given(nodes(), st.sampled_from(ORDERS))
-def test_the_list_is_grouped_by_profile(gpus: NodeGpus, order: Order) -> None:
-    profiles = [d.profile for d in order(gpus, EVERY)]
-    runs = [p for k, p in enumerate(profiles) if k == 0 or profiles[k - 1] != p]
-    assert len(runs) == len(set(runs))
+@given(nodes(), policies(), st.sampled_from(ORDERS))
+def test_the_profiles_are_taken_in_turn(gpus: NodeGpus, policy: PolicyView, order: Order) -> None:
+    """A profile's k-th placement is listed within the first k rounds of one placement per
+    profile: kube-scheduler walks past few other profiles' devices to reach it."""
+    listed = order(gpus, policy)
+    profiles = list(dict.fromkeys(d.profile for d in listed))
+    seen: dict[str, int] = {}
+    for position, ref in enumerate(listed):
+        rank = seen.get(ref.profile, 0)
+        seen[ref.profile] = rank + 1
+        assert position < (rank + 1) * len(profiles)
+
+
+def test_an_h100_node_lists_every_profile_within_its_first_rounds() -> None:
+    listed = planner_order({i: H100 for i in range(8)}, EVERY)
+    profiles = {d.profile for d in listed}
+    assert {d.profile for d in listed[: len(profiles)]} == profiles
+    assert len(listed) == 8 * sum(len(p.placements) for p in H100.profiles)
 
 
 def test_name_order_is_gpu_by_gpu_starts_ascending() -> None:
