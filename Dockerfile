@@ -41,7 +41,7 @@ RUN PYTHONPATH=operator /opt/tools/bin/python -m migpart.agent.proto.build \
  && /opt/tools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheel . \
  && /opt/tools/bin/pip --python /opt/migpart/bin/python install --no-deps /tmp/wheel/migpart-*.whl \
  && /opt/tools/bin/pip --python /opt/migpart/bin/python check \
- && /opt/migpart/bin/python -c "import migpart.agent.plugin, migpart.controller.handlers"
+ && /opt/migpart/bin/python -c "import migpart.agent.plugin, migpart.controller.runtime.handlers"
 
 FROM ${BASE_IMAGE} AS runtime
 ARG VERSION=0.1.0

@@ -13,7 +13,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from migpart.api.models import GROUP
-from migpart.controller.indexes import WATCHED, watch_index
+from migpart.controller.watching.indexes import WATCHED, watch_index
 from migpart.kube.watch import Index
 from migpart.testbed import Testbed
 from tests.integration.conftest import apply, claim_body, pending_pod

@@ -25,7 +25,8 @@ def modules() -> set[str]:
 
 
 def named() -> set[str]:
-    """The module paths the map names in backticks (`controller/loop.py`, `slices/dra.py`)."""
+    """The module paths the map names in backticks (`controller/rounds/loop.py`,
+    `slices/dra.py`)."""
     return set(re.findall(r"`([a-z_/]+\.py)`", MAP.read_text()))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from migpart.agent.metrics import AgentMetrics
-from migpart.controller.metrics import Metrics
+from migpart.controller.runtime.metrics import Metrics
 from tests.commands import DOCS, PARSERS, known_flags
 from tests.tools import ROOT
 
@@ -132,7 +132,7 @@ def test_docs_name_only_real_metrics(path: Path) -> None:
 def emitted_event_reasons() -> set[str]:
     """Event reasons the operator posts: `effects.event(body, type, reason, message)` calls in
     migpart.controller (the Effects port is the one way events are posted)."""
-    source = "".join(p.read_text() for p in (ROOT / "operator/migpart/controller").glob("*.py"))
+    source = "".join(p.read_text() for p in (ROOT / "operator/migpart/controller").rglob("*.py"))
     calls = re.split(r"\beffects\.event\(", source)[1:]
     found = (re.match(r"[^,]+,\s*\"(?:Normal|Warning)\",\s*\"(\w+)\"", call) for call in calls)
     return {m.group(1) for m in found if m}

@@ -79,7 +79,7 @@ OPERATOR_NEEDS = {
     # watched index claims_index (kube/watch.py); list_claims_quorum (destroy protocol)
     ("resource.k8s.io", "resourceclaims", "list"),
     ("resource.k8s.io", "resourceclaims", "watch"),
-    # watched indexes waiting_index, nodes_index, classes_index (controller/indexes.py)
+    # watched indexes waiting_index, nodes_index, classes_index (controller/watching/indexes.py)
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "nodes", "list"),

@@ -4,7 +4,7 @@ devices are allocated.
 Pure functions over API bodies (plain dicts as the watch delivers them) and parsed MigNodes,
 so that the indexes can store small values and the rules are unit-tested without an API
 server. Each state has this one definition, the one the operator's rounds use
-(`controller.scope.ScopeCache`, `controller.destroy`).
+(`controller.rounds.scope.ScopeCache`, `controller.rounds.destroy`).
 
 A claim is pending when it is unallocated and a pod that uses it is waiting to be scheduled:
 not bound to a node, not gated, not being deleted (`pod_waiting`). A pod names its claims directly

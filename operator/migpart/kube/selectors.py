@@ -4,7 +4,7 @@ selectors evaluated against a virtual device of each MIG profile.
 Verdicts are cached per (selectors, profile table): the operator re-reads every pending claim
 whose outcome it must compute again, claims from one template repeat the same selectors, and
 evaluating them costs about a millisecond each in cel-python. Profile tables are interned by
-`controller.scope.ScopeCache`, so every GPU of a model hits the same entry.
+`controller.rounds.scope.ScopeCache`, so every GPU of a model hits the same entry.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Between a plan and its actuation: which GPUs and nodes the plan changes, and which of the
 changed nodes to reconfigure now.
 
-The operator's rounds (`controller.reconcile`) and the simulator's migpart policy
+The operator's rounds (`controller.rounds.reconcile`) and the simulator's migpart policy
 (`sim.migpart`) both decide with these, so that the simulator reconfigures the nodes the
 operator would.
 """

@@ -1,6 +1,6 @@
 """One claim's demand (`ClaimDemand`): which MIG profiles, how many, and on one GPU or not.
 
-A policy's demand, what `controller.scope` gathers from the claims that fall under it, is
+A policy's demand, what `controller.rounds.scope` gathers from the claims that fall under it, is
 built from these. Pure functions over API bodies (dicts as the API server returns them,
 resource.k8s.io/v1): the operator feeds them pending claims, the DeviceClasses, the GPU
 models' profile tables and a selector evaluator (`kube.selectors.CEL`), and gets planner

@@ -9,9 +9,9 @@ import yaml
 
 from migpart.api.models import FailedInstance, GpuStatus, MigNode, MigNodeSpec, MigNodeStatus
 from migpart.clock import ManualClock
-from migpart.controller.health import NodeHealth
-from migpart.controller.scope import Cluster
-from migpart.controller.state import OperatorState
+from migpart.controller.rounds.scope import Cluster
+from migpart.controller.runtime.state import OperatorState
+from migpart.controller.watching.health import NodeHealth
 from migpart.kube.placement import NodeFacts
 from migpart.slices.dra import DRIVER
 from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, PolicyBuilder, profile_is

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from migpart.clock import ManualClock
-from migpart.controller.indexes import Indexes
-from migpart.controller.reconcile import PolicyRound
-from migpart.controller.scope import Cluster
-from migpart.controller.state import OperatorState
+from migpart.controller.rounds.reconcile import PolicyRound
+from migpart.controller.rounds.scope import Cluster
+from migpart.controller.runtime.state import OperatorState
+from migpart.controller.watching.indexes import Indexes
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import offline_state
 

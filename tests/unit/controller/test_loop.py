@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from migpart.clock import ManualClock
-from migpart.controller import loop
-from migpart.controller.reconcile import PACE_FACTOR, PolicyRound
-from migpart.controller.state import OperatorState
-from migpart.controller.workers import Signals
+from migpart.controller.rounds import loop
+from migpart.controller.rounds.reconcile import PACE_FACTOR, PolicyRound
+from migpart.controller.runtime.state import OperatorState
+from migpart.controller.runtime.workers import Signals
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import claim, one_gpu, world
 from tests.unit.controller.harness import clock_of, indexed, operator

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from migpart.controller.metrics import Metrics
+from migpart.controller.runtime.metrics import Metrics
 
 
 def exposed(metrics: Metrics, policy: str) -> set[str]:

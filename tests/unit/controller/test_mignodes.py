@@ -1,5 +1,5 @@
-"""controller.mignodes.MigNodeWatch: the MigNode index, and one slice write per node at a time,
-only once the slice watch has listed."""
+"""controller.watching.mignodes.MigNodeWatch: the MigNode index, and one slice write per node at
+a time, only once the slice watch has listed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 from typing import Any, cast
 
 from migpart.api.models import MigNode
-from migpart.controller.mignodes import MigNodeWatch
+from migpart.controller.watching.mignodes import MigNodeWatch
 from migpart.kube.slice_publisher import Published
 from tests.unit.controller.factories import mignode, offline_state
 

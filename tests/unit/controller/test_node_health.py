@@ -10,9 +10,9 @@ from typing import Any, cast
 from migpart.api.models import Condition, KubeletPluginStatus, MigNode
 from migpart.api.selectors import DEFAULT_NODE_SELECTOR, MANAGED_LABEL, parse_node_selector
 from migpart.clock import ManualClock
-from migpart.controller.health import NodeHealth
-from migpart.controller.reconcile import PolicyRound
-from migpart.controller.scope import Cluster
+from migpart.controller.rounds.reconcile import PolicyRound
+from migpart.controller.rounds.scope import Cluster
+from migpart.controller.watching.health import NodeHealth
 from migpart.kube.leases import stale_conditions
 from migpart.kube.placement import NodeFacts
 from migpart.slices.dra import DRIVER
@@ -326,7 +326,7 @@ async def test_a_stale_mark_is_not_dropped_on_a_body_that_does_not_show_our_last
     stale again before the watch shows the clear. The body seen (revision 5) still says
     Stale=True, which would make the new mark look done: it must wait for a newer body, and
     then be written."""
-    from migpart.controller import handlers
+    from migpart.controller.runtime import handlers
     from migpart.kube.slice_publisher import SlicePublisher
 
     effects = InMemoryEffects()

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from migpart.api.models import MigNode
-from migpart.controller.indexes import with_own_writes
-from migpart.controller.reconcile import PolicyRound
-from migpart.controller.scope import Cluster
+from migpart.controller.rounds.reconcile import PolicyRound
+from migpart.controller.rounds.scope import Cluster
+from migpart.controller.watching.indexes import with_own_writes
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import reconfiguring
 from migpart.planning.model import Plan
@@ -122,7 +122,7 @@ def test_our_own_write_stands_in_until_the_watch_shows_it() -> None:
 async def test_the_same_inputs_are_not_planned_twice(monkeypatch: Any) -> None:
     """The planner is pure: a round whose nodes, allocations, requests and policy are those of
     the last plan carried out reuses it; any change plans again."""
-    from migpart.controller import reconcile
+    from migpart.controller.rounds import reconcile
 
     calls: list[int] = []
     real_plan = reconcile.make_plan
@@ -152,8 +152,8 @@ async def test_the_same_inputs_are_not_planned_twice(monkeypatch: Any) -> None:
 async def test_busy_policies_share_one_planning_budget() -> None:
     """Pacing: a policy plans again PACE_FACTOR x its last plan's cost later, times the number
     of policies with pending requests, so that planning CPU does not grow with policies."""
-    from migpart.controller.reconcile import PACE_FACTOR
-    from migpart.controller.state import PlanTiming
+    from migpart.controller.rounds.reconcile import PACE_FACTOR
+    from migpart.controller.runtime.state import PlanTiming
 
     nodes = {"a": one_gpu("a", 1)}
     state = operator(InMemoryEffects(mignodes=dict(nodes)))
@@ -180,7 +180,7 @@ async def test_the_batch_window_then_the_pace_hold_a_plan_back_until_the_clock_m
     """batchWindowSeconds 5: the rounds that see the claim hold its plan back until 5 s (on the
     operator's clock) after it was first seen, then one plans; the plan after it is paced,
     PACE_FACTOR x that plan's cost later."""
-    from migpart.controller.reconcile import PACE_FACTOR
+    from migpart.controller.rounds.reconcile import PACE_FACTOR
 
     nodes = {"a": one_gpu("a", 1)}
     effects = InMemoryEffects(mignodes=dict(nodes))
@@ -309,8 +309,8 @@ async def test_a_round_on_the_old_spec_does_not_hide_the_report_of_an_invalid_ne
     so nothing would correct it until the next edit."""
     from pydantic import ValidationError
 
-    from migpart.controller.bodies import parse_policy
-    from migpart.controller.reconcile import report_invalid
+    from migpart.controller.rounds.reconcile import report_invalid
+    from migpart.controller.watching.bodies import parse_policy
 
     nodes = {"a": one_gpu("a", 1, ("7g.80gb", 0, "Free"))}  # the round destroys it
     effects = InMemoryEffects(mignodes=dict(nodes))

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from migpart.api.models import MigInstanceStatus, MigNode, MigNodeStatus
-from migpart.controller.scope import Cluster, ScopeCache
+from migpart.controller.rounds.scope import Cluster, ScopeCache
 from migpart.kube.placement import NodeFacts
 from migpart.slices.dra import DRIVER
 from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from migpart.api.models import GpuStatus, MigInstanceStatus, MigNode, MigNodeStatus, ProfileInfo
-from migpart.controller.screening import node_problem
+from migpart.controller.rounds.screening import node_problem
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import claim, mignode, world
 from tests.unit.controller.harness import operator, run
@@ -214,8 +214,8 @@ async def test_a_claim_larger_than_any_node_is_unsatisfiable_and_the_others_are_
 def test_the_count_bound_never_refuses_what_a_node_can_hold() -> None:
     """For every catalog profile, a request of exactly what one node of two GPUs holds of it
     passes, and one more is refused."""
-    from migpart.controller.scope import PolicyDemand, Scope
-    from migpart.controller.screening import oversized
+    from migpart.controller.rounds.scope import PolicyDemand, Scope
+    from migpart.controller.rounds.screening import oversized
     from migpart.mig import Occupancy
     from migpart.planning.model import Request
 

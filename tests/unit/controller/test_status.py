@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from migpart.controller.status import previous_status
+from migpart.controller.rounds.status import previous_status
 
 
 def last_plan(plan_id: str) -> dict[str, Any]:

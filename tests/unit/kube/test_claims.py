@@ -9,10 +9,10 @@ import yaml
 
 from migpart.api.models import GROUP, VERSION, MigInstanceStatus, MigNode, MigNodeStatus
 from migpart.clock import ManualClock
-from migpart.controller.health import NodeHealth
-from migpart.controller.reconcile import PolicyRound
-from migpart.controller.scope import Cluster, ScopeCache
-from migpart.controller.state import FRESH_S, OperatorState, Sighting
+from migpart.controller.rounds.reconcile import PolicyRound
+from migpart.controller.rounds.scope import Cluster, ScopeCache
+from migpart.controller.runtime.state import FRESH_S, OperatorState, Sighting
+from migpart.controller.watching.health import NodeHealth
 from migpart.kube.claims import (
     AllocatedDevices,
     pending_claims,

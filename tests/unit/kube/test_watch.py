@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from migpart.api.models import GROUP, VERSION
-from migpart.controller.indexes import (
+from migpart.controller.watching.indexes import (
     claim_entry,
     class_entry,
     node_entry,

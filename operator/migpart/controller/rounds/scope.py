@@ -34,8 +34,8 @@ import structlog
 from pydantic import ValidationError
 
 from migpart.api.models import GpuPartitionPolicy, MigNode
-from migpart.controller import screening
-from migpart.controller.bodies import name_of, parse_policy, revision_of, strip, uid_of
+from migpart.controller.rounds import screening
+from migpart.controller.watching.bodies import name_of, parse_policy, revision_of, strip, uid_of
 from migpart.kube.claims import body_key, pending_claims, prepared_claims
 from migpart.kube.placement import NodeFacts, NodeFilter, Placement
 from migpart.kube.selectors import CEL
@@ -61,7 +61,7 @@ class Cluster:
     device_classes: Mapping[str, Body]
     # Node name -> labels and taints
     node_facts: Mapping[str, NodeFacts] = field(default_factory=dict)
-    # MigNode name -> why the operator leaves it alone (controller.health.NodeHealth)
+    # MigNode name -> why the operator leaves it alone (controller.watching.health.NodeHealth)
     unavailable: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -179,7 +179,7 @@ class ScopeCache:
         self._claims: dict[str, _ClaimEntry] = {}
         # how many claim outcomes were computed (not taken from the cache): for tests and bench
         self.computed = 0
-        # MigNodes left out of planning (controller.screening): name -> why
+        # MigNodes left out of planning (controller.rounds.screening): name -> why
         self.excluded: dict[str, str] = {}
 
     # ------------------------------------------------------------------ parsing

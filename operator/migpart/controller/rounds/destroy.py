@@ -35,10 +35,10 @@ import structlog
 
 from migpart.api.models import MigNode
 from migpart.clock import Clock
-from migpart.controller.bodies import uid_of
-from migpart.controller.effects import Effects
-from migpart.controller.metrics import Metrics
-from migpart.controller.state import FRESH_S, Hooks, JournalEntry, Sighting
+from migpart.controller.runtime.effects import Effects
+from migpart.controller.runtime.metrics import Metrics
+from migpart.controller.runtime.state import FRESH_S, Hooks, JournalEntry, Sighting
+from migpart.controller.watching.bodies import uid_of
 from migpart.kube.claims import AllocatedDevices, body_key, is_allocated
 from migpart.kube.snapshot import node_name
 from migpart.mig import Instance

@@ -35,10 +35,15 @@ from migpart.api.models import (
 )
 from migpart.api.selectors import DEFAULT_NODE_SELECTOR, LabelSelector, parse_node_selector
 from migpart.clock import Clock
-from migpart.controller.bodies import parse_policy
-from migpart.controller.effects import KubeEffects
-from migpart.controller.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
-from migpart.controller.indexes import (
+from migpart.controller.rounds.loop import plan_policy
+from migpart.controller.rounds.reconcile import assign_offers, report_invalid
+from migpart.controller.rounds.scope import ScopeCache
+from migpart.controller.runtime.effects import KubeEffects
+from migpart.controller.runtime.metrics import Metrics
+from migpart.controller.runtime.state import Hooks, JournalEntry, OperatorState
+from migpart.controller.watching.bodies import parse_policy
+from migpart.controller.watching.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
+from migpart.controller.watching.indexes import (
     WATCHED,
     Indexes,
     cluster_now,
@@ -46,12 +51,7 @@ from migpart.controller.indexes import (
     watch_index,
     watched_indexes,
 )
-from migpart.controller.loop import plan_policy
-from migpart.controller.metrics import Metrics
-from migpart.controller.mignodes import MigNodeWatch, watch_mignodes
-from migpart.controller.reconcile import assign_offers, report_invalid
-from migpart.controller.scope import ScopeCache
-from migpart.controller.state import Hooks, JournalEntry, OperatorState
+from migpart.controller.watching.mignodes import MigNodeWatch, watch_mignodes
 from migpart.errors import MigpartError
 from migpart.kube.client import open_client
 from migpart.kube.election import (

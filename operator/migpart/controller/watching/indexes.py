@@ -2,7 +2,7 @@
 
 Each index keeps what a round needs of one object and wakes the planning loops (a change
 counts as one: see `OperatorState.changes`). All of them are kept by the operator's own
-plain-JSON watches (`WATCHED`, `kube.watch`; MigNodes: `controller/mignodes.py`), not by
+plain-JSON watches (`WATCHED`, `kube.watch`; MigNodes: `controller/watching/mignodes.py`), not by
 kopf's indexes: they cost a fraction of kopf's per-event handling, and a relist replaces
 what they hold, where a kopf index keeps the objects deleted while its watch was down (a
 policy deleted then would go on owning its nodes). kopf still runs the policies' event
@@ -21,9 +21,9 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
 from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
-from migpart.controller.bodies import name_of
-from migpart.controller.scope import Cluster
-from migpart.controller.state import OperatorState
+from migpart.controller.rounds.scope import Cluster
+from migpart.controller.runtime.state import OperatorState
+from migpart.controller.watching.bodies import name_of
 from migpart.kube.claims import claim_key, pod_claim_keys, pod_waiting
 from migpart.kube.placement import NodeFacts, node_facts, pod_placement
 from migpart.kube.watch import (
@@ -173,7 +173,8 @@ def all_policies(api: ApiClient) -> ListCall:
     )
 
 
-# Every index a round reads but the MigNodes' (controller/mignodes.py). id -> how to keep it.
+# Every index a round reads but the MigNodes' (controller/watching/mignodes.py).
+# id -> how to keep it.
 WATCHED: dict[str, Watched] = {
     "claims_index": Watched(all_claims, claim_entry),
     # pods no node holds yet: a bound pod leaves the watch (a DELETED event), and the

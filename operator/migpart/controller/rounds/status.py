@@ -19,8 +19,8 @@ from migpart.api.models import (
     UnavailableNode,
     condition_of,
 )
-from migpart.controller.bodies import uid_of
-from migpart.controller.scope import Scope
+from migpart.controller.rounds.scope import Scope
+from migpart.controller.watching.bodies import uid_of
 from migpart.types import Body
 
 # (policy uid, the status as written)
@@ -66,7 +66,7 @@ def excluded_condition(
     excluded: Mapping[str, str], previous: list[Condition], now: str
 ) -> Condition:
     """`NodesExcluded`: True while nodes the selector matches are left out of planning
-    (controller/screening.py), naming each and why."""
+    (controller/rounds/screening.py), naming each and why."""
     old = condition_of(previous, "NodesExcluded")
     status = "True" if excluded else "False"
     message = "; ".join(f"{name}: {why}" for name, why in sorted(excluded.items()))

@@ -7,11 +7,11 @@ from typing import Any
 
 import structlog
 
-from migpart.controller.errors import Outcome, survive
-from migpart.controller.indexes import cluster_now
-from migpart.controller.reconcile import PolicyRound
-from migpart.controller.state import OperatorState
-from migpart.controller.workers import Signals
+from migpart.controller.rounds.reconcile import PolicyRound
+from migpart.controller.runtime.errors import Outcome, survive
+from migpart.controller.runtime.state import OperatorState
+from migpart.controller.runtime.workers import Signals
+from migpart.controller.watching.indexes import cluster_now
 
 log = structlog.get_logger(__name__)
 

@@ -15,11 +15,11 @@ from kubernetes_asyncio.client import ApiClient
 
 from migpart.api.models import MigNode
 from migpart.clock import Clock
-from migpart.controller.effects import Effects
-from migpart.controller.health import NodeHealth, StaleMarks
-from migpart.controller.metrics import Metrics
-from migpart.controller.scope import ScopeCache
-from migpart.controller.workers import Workers
+from migpart.controller.rounds.scope import ScopeCache
+from migpart.controller.runtime.effects import Effects
+from migpart.controller.runtime.metrics import Metrics
+from migpart.controller.runtime.workers import Workers
+from migpart.controller.watching.health import NodeHealth, StaleMarks
 from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
 from migpart.kube.election_thread import ElectionThread
@@ -32,7 +32,7 @@ from migpart.planning.model import Plan, Request
 from migpart.slices.dra import DeviceId
 
 if TYPE_CHECKING:
-    from migpart.controller.indexes import Indexes
+    from migpart.controller.watching.indexes import Indexes
 
 # How long a quorum-read sighting of an allocation stands in for the claim watch (which
 # normally shows it within a second): after that it is forgotten even if the watch never
@@ -143,7 +143,7 @@ class OperatorState:
     # says (forgotten once the index shows the claim allocated, or after FRESH_S)
     fresh_allocations: dict[str, Sighting] = field(default_factory=dict)
     # nodes whose devices a running round has withdrawn and not yet dropped from their spec:
-    # the other policies' rounds leave those withdrawals alone (controller/destroy.py)
+    # the other policies' rounds leave those withdrawals alone (controller/rounds/destroy.py)
     withdrawing: set[str] = field(default_factory=set)
     # MigNode name -> the body our last spec patch returned, until the watch shows it
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -157,7 +157,7 @@ class OperatorState:
     workers: Workers = field(default_factory=Workers)
     # the live index views the loops read (the MigNode watch's and `watched`), set at startup
     indexes: Indexes | None = None
-    # the indexes kept by the operator's own watches (controller.indexes.WATCHED), and the
+    # the indexes kept by the operator's own watches (controller.watching.indexes.WATCHED), and the
     # MigNode watch's under `mignodes_index`
     watched: dict[str, Index] = field(default_factory=dict)
     # the task that republishes every slice periodically (handlers.resync_slices)
@@ -206,8 +206,8 @@ class OperatorState:
         self.workers.wake_all()
 
     def mignode_index(self) -> Mapping[str, Any]:
-        """The MigNode watch's index (controller.mignodes.MigNodeWatch): what the rounds read a
-        MigNode's newest body from (empty before startup set it)."""
+        """The MigNode watch's index (controller.watching.mignodes.MigNodeWatch): what the rounds
+        read a MigNode's newest body from (empty before startup set it)."""
         return self.indexes.mignodes if self.indexes is not None else {}
 
     async def watched_synced(self) -> None:

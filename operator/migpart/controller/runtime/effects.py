@@ -32,8 +32,8 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import Condition, GpuPartitionPolicyStatus, MigNode, MigNodeSpec
-from migpart.controller.bodies import strip
-from migpart.controller.scope import ScopeCache
+from migpart.controller.rounds.scope import ScopeCache
+from migpart.controller.watching.bodies import strip
 from migpart.errors import NotLeader
 from migpart.kube.claims import list_claims_quorum
 from migpart.kube.election import Leadership, Term, Unelected

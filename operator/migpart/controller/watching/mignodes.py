@@ -39,10 +39,10 @@ from migpart.api.models import (
     condition_of,
     condition_status,
 )
-from migpart.controller.bodies import name_of
-from migpart.controller.decisions import refused_spec_repair
-from migpart.controller.indexes import object_entry
-from migpart.controller.state import OperatorState
+from migpart.controller.rounds.decisions import refused_spec_repair
+from migpart.controller.runtime.state import OperatorState
+from migpart.controller.watching.bodies import name_of
+from migpart.controller.watching.indexes import object_entry
 from migpart.errors import MigpartError
 from migpart.kube.leases import STALE
 from migpart.kube.watch import Index, follow

@@ -1,11 +1,11 @@
 """One planning round of one GpuPartitionPolicy: scope -> plan -> destroy protocol -> spec.
 
 A round reads the cluster from the operator's indexes, which its own watches fill
-(`controller.indexes`, turned into a `Cluster` value), never lists per event,
+(`controller.watching.indexes`, turned into a `Cluster` value), never lists per event,
 and is level-triggered: it recomputes its decisions from what the cluster says now (through
 `scope.ScopeCache`, which redoes only what changed since the last round), and writes a
 MigNode spec only when the plan changes a GPU's layout, so running it twice changes nothing.
-Which nodes and claims a policy sees is decided in `controller.scope`. A claim no policy can
+Which nodes and claims a policy sees is decided in `controller.rounds.scope`. A claim no policy can
 satisfy is reported once per generation (Warning `Unsatisfiable`) and never triggers a plan.
 
 A policy whose mode in effect is Offer (`migpart.offer`) plans nothing: its rounds tell
@@ -34,14 +34,14 @@ from migpart.api.models import (
     MigNode,
     MigNodeSpec,
 )
-from migpart.controller import screening
-from migpart.controller.bodies import uid_of
-from migpart.controller.decisions import handed_back_spec, node_spec, offer_spec
-from migpart.controller.destroy import DestroyProtocol, Redo
-from migpart.controller.indexes import with_own_writes
-from migpart.controller.scope import Cluster, PolicyDemand, Scope
-from migpart.controller.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
-from migpart.controller.status import invalid_status, round_status
+from migpart.controller.rounds import screening
+from migpart.controller.rounds.decisions import handed_back_spec, node_spec, offer_spec
+from migpart.controller.rounds.destroy import DestroyProtocol, Redo
+from migpart.controller.rounds.scope import Cluster, PolicyDemand, Scope
+from migpart.controller.rounds.status import invalid_status, round_status
+from migpart.controller.runtime.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
+from migpart.controller.watching.bodies import uid_of
+from migpart.controller.watching.indexes import with_own_writes
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.snapshot import node_name, reconfiguring
 from migpart.mig import device_name
@@ -79,7 +79,8 @@ class RoundResult:
 
 class PolicyRound:
     """One round for one policy; `run` is the whole thing, the steps are methods so that the
-    protocol reads top-down. Every effect goes through `state.effects` (controller/effects.py)."""
+    protocol reads top-down. Every effect goes through `state.effects`
+    (controller/runtime/effects.py)."""
 
     def __init__(self, state: OperatorState, name: str, body: Body, cluster: Cluster) -> None:
         self.state = state
