@@ -84,7 +84,10 @@ def mode(bed: Testbed) -> str | None:
 def warm(running: RunningOperator, published: Pool) -> bool:
     """Whether the standby's watches have listed, its slice view holding the pool as it is."""
     state = state_of(running)
-    if not state.watched or not all(i.synced.is_set() for i in list(state.watched.values())):
+    watches = state.watches
+    if watches.mignodes is None or not all(
+        i.synced.is_set() for i in [*watches.watched.values(), watches.mignodes]
+    ):
         return False
     seen = state.publisher.view.slices(NODE)
     return bool(seen) and {s.generation for s in seen.values()} == {published[0]}
@@ -96,7 +99,7 @@ def took_over(running: RunningOperator) -> bool:
     metrics = state.metrics
     return (
         metrics.leader._value.get() == 1
-        and not any(t.get_name() == "take-over" for t in list(state.tasks))
+        and not any(t.get_name() == "take-over" for t in list(state.running.tasks))
         and metrics.rounds.labels(POLICY)._value.get() >= 1
     )
 
@@ -125,7 +128,7 @@ def test_a_new_leader_writes_no_reactive_slice_over_an_offering_nodes_pool(
             # no slice written: neither reactive mode's nor the offer pool again
             assert second.steps(NODE) == []
             assert pool(cluster) == before
-            assert state_of(second).offers.offered(NODE) == offering
+            assert state_of(second).offer.nodes.offered(NODE) == offering
     if not offering:
         # 1.34: partitionable devices not served, Auto runs Reactive
         assert in_effect == "Reactive"

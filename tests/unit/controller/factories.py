@@ -70,7 +70,7 @@ def offline_state(effects: Any, publisher: Any = None) -> OperatorState:
         clock=clock,
         health=NodeHealth(clock),
     )
-    state.slices_listed.set()  # no slice watch: nothing to wait for
+    state.watches.slices_listed.set()  # no slice watch: nothing to wait for
     return state
 
 

@@ -37,7 +37,7 @@ def indexed(state: OperatorState, cluster: Cluster) -> OperatorState:
     def one_each(values: Mapping[str, Any]) -> dict[str, list[Any]]:
         return {k: [v] for k, v in values.items()}
 
-    state.indexes = Indexes(
+    state.watches.indexes = Indexes(
         mignodes=one_each(cluster.mignodes),
         nodes=one_each(cluster.node_facts),
         policies=one_each(cluster.policies),

@@ -44,4 +44,4 @@ async def test_an_invalid_policy_is_reported_through_the_write_port() -> None:
     [ready] = [c for c in status.conditions if c.type == "Ready"]
     assert (ready.status, ready.reason) == ("False", "InvalidSpec")
     assert ready.last_transition_time == "2026-01-01T00:01:30Z"
-    assert state.memory("pa").status[0] == "uid-pa"
+    assert state.rounds.memory("pa").status[0] == "uid-pa"

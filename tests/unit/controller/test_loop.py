@@ -117,7 +117,7 @@ async def test_after_a_plan_changes_wait_for_the_pace(rounds: Rounds) -> None:
         await until(rounds.ran, task)
         assert rounds.deferred == [False]
         [paced_until] = await waiting(clock, task)
-        last = state.memory("pa").last_plan
+        last = state.rounds.memory("pa").last_plan
         assert paced_until == pytest.approx(last.at + PACE_FACTOR * last.cost_s)
         await burst(state, signals)
         assert rounds.deferred == [False]

@@ -68,12 +68,12 @@ async def test_with_offer_publishing_nothing_is_written_before_the_take_over() -
     offer (`OperatorState.publishing`): before, an offering node's pool would be computed as
     reactive mode's slice. The take-over then publishes every node itself."""
     w, publisher, listed = watch()
-    w.state.offer_publishing = True
+    w.state.offer.publishing = True
     listed.set()
     w.changed("ADDED", mignode("a", 1, gpus=[]))
     await settle()
     assert publisher.published == []
-    w.state.offers_known = True  # as the take-over sets it
+    w.state.offer.known = True  # as the take-over sets it
     w.changed("MODIFIED", mignode("a", 2, gpus=[]))
     await settle()
     assert publisher.published == ["a"]

@@ -59,7 +59,7 @@ async def test_a_destroyed_instance_is_withdrawn_and_confirmed_before_the_spec_d
     state = operator(effects)
     await run(state, world(nodes, [claim("c1", "3g.40gb")]))
     assert effects.withdrawals == [("a", frozenset({"gpu-0-7g80gb-0"}))]
-    assert clock_of(state).slept_s == state.withdraw_grace_s  # the grace before the read
+    assert clock_of(state).slept_s == state.destroy.grace_s  # the grace before the read
     [(_, spec)] = effects.specs
     assert "7g.80gb" not in [i.profile for i in spec.gpus[0].instances]
     steps = [e.step for e in state.hooks.journal]
@@ -80,7 +80,7 @@ async def test_a_device_allocated_inside_the_window_is_kept_and_never_leaves_the
     assert "DestroyAborted" in [e.reason for e in effects.events]
     for _, spec in effects.specs:  # whatever was planned again keeps the device
         assert "7g.80gb" in [i.profile for i in spec.gpus[0].instances]
-    assert "uid-racer" in state.fresh_allocations
+    assert "uid-racer" in state.destroy.fresh_allocations
 
 
 async def test_a_redo_does_not_give_a_node_of_this_round_a_second_spec() -> None:
@@ -164,12 +164,12 @@ async def test_busy_policies_share_one_planning_budget() -> None:
     assert scope is not None
     policy = state.scopes.policy("pa", cluster.policies["pa"])
     assert policy is not None
-    state.memory("pa").first_pending = clock.monotonic()
+    state.rounds.memory("pa").first_pending = clock.monotonic()
     clock.advance(3600)
-    state.memory("pa").last_plan = PlanTiming(clock.monotonic(), 10.0)
+    state.rounds.memory("pa").last_plan = PlanTiming(clock.monotonic(), 10.0)
     assert not round_.may_plan(policy, scope.demand)
     assert round_.retry_in_s == PACE_FACTOR * 10.0
-    state.memory("pb").first_pending = 0.0  # another policy has pending requests too
+    state.rounds.memory("pb").first_pending = 0.0  # another policy has pending requests too
     assert not round_.may_plan(policy, scope.demand)
     assert round_.retry_in_s == PACE_FACTOR * 10.0 * 2
     clock.advance(PACE_FACTOR * 10.0 * 2)
@@ -197,8 +197,8 @@ async def test_the_batch_window_then_the_pace_hold_a_plan_back_until_the_clock_m
     round_ = await run(state, cluster)
     assert not round_.deferred
     assert [node for node, _ in effects.specs] == ["a"]
-    assert state.memory("pa").last_plan.at == clock.monotonic()
-    pace_s = PACE_FACTOR * state.memory("pa").last_plan.cost_s
+    assert state.rounds.memory("pa").last_plan.at == clock.monotonic()
+    pace_s = PACE_FACTOR * state.rounds.memory("pa").last_plan.cost_s
     round_ = await run(state, cluster)  # the claim is still pending: the next plan is paced
     assert round_.deferred
     assert round_.retry_in_s == pytest.approx(pace_s)
@@ -234,7 +234,7 @@ async def test_one_plans_nodes_share_one_window_and_a_kept_one_holds_back_only_i
         if node == "a":
             assert "7g.80gb" in [i.profile for i in spec.gpus[0].instances]
     assert effects.claim_reads >= 1
-    assert clock_of(state).slept_s == state.withdraw_grace_s * effects.claim_reads
+    assert clock_of(state).slept_s == state.destroy.grace_s * effects.claim_reads
 
 
 def two_policies(nodes: dict[str, dict[str, Any]], claims: list[dict[str, Any]]) -> Cluster:
@@ -276,7 +276,7 @@ async def test_another_policys_round_leaves_a_withdrawal_in_progress_alone() -> 
     assert "restored" not in [e.step for e in state.hooks.journal]
     [spec] = [s for n, s in effects.specs if n == "a"]
     assert "7g.80gb" not in [i.profile for i in spec.gpus[0].instances]
-    assert state.withdrawing == set()  # pa's round ended: nothing of it is in flight
+    assert state.destroy.withdrawing == set()  # pa's round ended: nothing of it is in flight
 
 
 async def test_a_withdrawal_left_by_a_failed_round_is_published_again_by_the_next() -> None:
@@ -295,7 +295,7 @@ async def test_a_withdrawal_left_by_a_failed_round_is_published_again_by_the_nex
         await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
     assert effects.withdrawn("a") == {"gpu-0-7g80gb-0"}
     assert effects.specs == []
-    assert state.withdrawing == set()
+    assert state.destroy.withdrawing == set()
     await PolicyRound(state, "pb", cluster.policies["pb"], cluster).run()
     assert effects.restores == [("a", frozenset({"gpu-0-7g80gb-0"}))]
     assert effects.withdrawn("a") == frozenset()

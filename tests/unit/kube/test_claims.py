@@ -155,7 +155,7 @@ def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
     lagging_device = DeviceId("n1", "gpu-0-1g10gb-0")
     indexed_device = DeviceId("n1", "gpu-0-3g40gb-0")
     stale_device = DeviceId("n1", "gpu-0-7g80gb-0")
-    state.fresh_allocations = {
+    state.destroy.fresh_allocations = {
         # the index still shows it unallocated: not pending, its device used
         "uid-lagging": Sighting(frozenset({lagging_device}), now),
         # the index shows the allocation now: forgotten, the index suffices
@@ -173,7 +173,7 @@ def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
     cluster = cluster_with(mignode("n1", []), claims)
     round_ = PolicyRound(state, "p", cluster.policies["p"], cluster)
     assert round_.destroy.unseen_claims(cluster.claims) == {"team-a/lagging"}
-    assert set(state.fresh_allocations) == {"uid-lagging", "uid-unseen"}
+    assert set(state.destroy.fresh_allocations) == {"uid-lagging", "uid-unseen"}
     assert round_.destroy.allocated(cluster.claims) == {indexed_device, lagging_device}
 
 

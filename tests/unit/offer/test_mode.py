@@ -91,7 +91,7 @@ def world(generation: int = 1, **spec: Any) -> Cluster:
 
 async def run_round(effects: InMemoryEffects, features: DraFeatures, cluster: Cluster) -> None:
     state = offline_state(effects)
-    state.dra = features
+    state.offer.dra = features
     await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
 
 
@@ -109,7 +109,7 @@ async def test_a_round_reports_the_mode_in_effect(features: DraFeatures, mode: s
 async def test_offer_not_served_is_a_warning_once_per_generation() -> None:
     effects = InMemoryEffects()
     state = offline_state(effects)
-    state.dra = NONE
+    state.offer.dra = NONE
     for generation in (1, 1, 2):
         cluster = world(generation, allocation="Offer")
         await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
@@ -123,8 +123,8 @@ async def test_offer_not_served_is_a_warning_once_per_generation() -> None:
 async def test_a_dry_run_policy_offers_nothing_and_says_so() -> None:
     effects = InMemoryEffects()
     state = offline_state(effects)
-    state.dra = SERVED
-    state.offer_publishing = True
+    state.offer.dra = SERVED
+    state.offer.publishing = True
     cluster = world(allocation="Offer", mode="DryRun")
     await PolicyRound(state, "pa", cluster.policies["pa"], cluster).run()
     [(_, status)] = effects.statuses
@@ -132,4 +132,4 @@ async def test_a_dry_run_policy_offers_nothing_and_says_so() -> None:
     assert status.allocation.mode == "Reactive"  # its nodes publish reactively
     assert status.allocation.reason == f"Offer: Offer served; {DRY_RUN}"
     assert effects.events == []  # served: no OfferNotServed
-    assert not state.offers.offered("a")
+    assert not state.offer.nodes.offered("a")

@@ -139,8 +139,8 @@ def policy_world(nodes: dict[str, Any], claims: list[dict[str, Any]], **spec: An
 
 def offering_state(effects: InMemoryEffects) -> Any:
     state = operator(effects)
-    state.dra = SERVED
-    state.offer_publishing = True
+    state.offer.dra = SERVED
+    state.offer.publishing = True
     return state
 
 
@@ -153,9 +153,9 @@ async def test_an_offering_policy_plans_nothing_and_writes_the_offering_spec_onc
     [(name, spec)] = effects.specs
     assert name == "a"
     assert (spec.allocation, spec.gpus) == ("Offer", [])  # nothing made ahead, nothing dropped
-    assert state.offers.offered("a")
+    assert state.offer.nodes.offered("a")
     assert [e.reason for e in effects.events] == ["AllocationModeChanged"]
-    await run(state, with_own_writes(cluster, state.written))
+    await run(state, with_own_writes(cluster, state.watches.written))
     assert len(effects.specs) == 1  # the pending claim is the scheduler's: no plan, no spec
     assert effects.withdrawals == []
 
@@ -168,8 +168,8 @@ async def test_a_node_handed_back_to_reactive_keeps_every_instance_then_plans() 
     effects = InMemoryEffects(mignodes=dict(nodes))
     state = offering_state(effects)
     cluster = world(nodes, [claim("c1", "7g.80gb")])  # the policy asks for Auto
-    state.offer_publishing = False  # so its mode in effect is Reactive
-    state.offers.assign("pa", ["a"], OFFER)  # it offered until now
+    state.offer.publishing = False  # so its mode in effect is Reactive
+    state.offer.nodes.assign("pa", ["a"], OFFER)  # it offered until now
     await run(state, cluster)
     [(_, handed)] = effects.specs
     assert handed.allocation is None
@@ -177,8 +177,8 @@ async def test_a_node_handed_back_to_reactive_keeps_every_instance_then_plans() 
         (0, "3g.40gb", 4),
         (0, "1g.10gb", 0),
     }
-    assert not state.offers.offered("a")
-    carried_out = dict(state.written["a"])
+    assert not state.offer.nodes.offered("a")
+    carried_out = dict(state.watches.written["a"])
     carried_out["status"] = {**body["status"], "observedPlanId": handed.plan_id}
     await run(state, world({"a": carried_out}, [claim("c1", "7g.80gb")]))
     [_, (_, planned)] = effects.specs  # then a round plans from it, as any reactive node
@@ -192,7 +192,7 @@ async def test_a_dry_run_policy_writes_no_mode_spec() -> None:
     effects = InMemoryEffects(mignodes=dict(nodes))
     state = offering_state(effects)
     await run(state, policy_world(nodes, [], allocation="Offer", mode="DryRun"))
-    assert not state.offers.offered("a")
+    assert not state.offer.nodes.offered("a")
     assert all(spec.allocation != "Offer" for _, spec in effects.specs)
 
 
@@ -216,8 +216,8 @@ async def test_a_node_is_handed_back_only_once_every_placement_a_claim_holds_is_
     body["spec"] = offer_spec("p0").model_dump(by_alias=True, exclude_none=True)
     effects = InMemoryEffects(mignodes={"a": body})
     state = offering_state(effects)
-    state.offer_publishing = False  # the policy's mode in effect is Reactive now
-    state.offers.claim_changed("ADDED", held("c1", "a", "gpu-1-7g80gb-0"))
+    state.offer.publishing = False  # the policy's mode in effect is Reactive now
+    state.offer.nodes.claim_changed("ADDED", held("c1", "a", "gpu-1-7g80gb-0"))
     await run(state, world({"a": body}, [claim("c2", "3g.40gb")]))
     assert effects.specs == []
     made = mignode("a", 2, gpus=[gpu(0), gpu(1, ("7g.80gb", 0, "Prepared"))])

@@ -38,7 +38,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
     last_round = 0.0
     state.metrics.start_policy(name)
     try:
-        await state.watched_synced()
+        await state.watches.synced()
         while not stopped.is_set():
             wake.clear()
             wait = state.tick_s
@@ -76,7 +76,7 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                 await clock.sleep(SETTLE_S)
     finally:
         state.metrics.forget_policy(name)
-        state.memory(name).loop_stopped()
+        state.rounds.memory(name).loop_stopped()
 
 
 def report_failure(

@@ -9,7 +9,7 @@ Which nodes and claims a policy sees is decided in `controller.rounds.scope`. A 
 satisfy is reported once per generation (Warning `Unsatisfiable`) and never triggers a plan.
 
 A policy whose mode in effect is Offer (`migpart.offer`) plans nothing: its rounds tell
-`state.offers` which nodes offer (their pools list every placement, and kube-scheduler
+`state.offer.nodes` which nodes offer (their pools list every placement, and kube-scheduler
 allocates from them), and give each node the offering spec (`decisions.offer_spec`). A node
 that stops offering gets a spec of what it has (`decisions.handed_back_spec`) before any plan
 of it is made, so that its agent stops making room at prepare first.
@@ -37,9 +37,15 @@ from migpart.api.models import (
 from migpart.controller.rounds import screening
 from migpart.controller.rounds.decisions import handed_back_spec, node_spec, offer_spec
 from migpart.controller.rounds.destroy import DestroyProtocol, Redo
-from migpart.controller.rounds.scope import Cluster, PolicyDemand, Scope
+from migpart.controller.rounds.scope import Cluster, PolicyDemand, Scope, ScopeCache
 from migpart.controller.rounds.status import invalid_status, round_status
-from migpart.controller.runtime.state import JournalEntry, OperatorState, PlanInputs, PlanTiming
+from migpart.controller.runtime.state import (
+    JournalEntry,
+    OfferState,
+    OperatorState,
+    PlanInputs,
+    PlanTiming,
+)
 from migpart.controller.watching.bodies import uid_of
 from migpart.controller.watching.indexes import with_own_writes
 from migpart.kube.claims import body_key, claim_generation
@@ -88,16 +94,16 @@ class PolicyRound:
         self.clock = state.clock
         self.name = name
         self.body = body
-        self.cluster = with_own_writes(cluster, state.written)
+        self.cluster = with_own_writes(cluster, state.watches.written)
         self.destroy = DestroyProtocol(
             state.effects,
             state.hooks,
             state.metrics,
-            state.fresh_allocations,
+            state.destroy.fresh_allocations,
             state.clock,
-            state.withdraw_grace_s,
-            state.allocations,
-            state.withdrawing,
+            state.destroy.grace_s,
+            state.destroy.allocations,
+            state.destroy.withdrawing,
         )
         self.log = log.bind(policy=name)
         # set by run: this policy's nodes offer (migpart.offer)
@@ -138,7 +144,7 @@ class PolicyRound:
                     self.state.wake_all()
                     # plan again on the specs this round already wrote, not on the ones the
                     # round started with: a node given a spec must not get a second one
-                    self.cluster = with_own_writes(self.cluster, self.state.written)
+                    self.cluster = with_own_writes(self.cluster, self.state.watches.written)
                     scope = screening.oversized(self.scope() or scope, self.cluster.claims)
         await self.write_status(policy, scope, last_plan, excluded)
         self.deferred = result.deferred = deferred
@@ -151,7 +157,7 @@ class PolicyRound:
         of policies with pending requests (they share the budget)."""
         now = self.clock.monotonic()
         if demand.requests:
-            memory = self.state.memory(self.name)
+            memory = self.state.rounds.memory(self.name)
             if memory.first_pending is None:
                 memory.first_pending = now
             first = memory.first_pending
@@ -160,7 +166,7 @@ class PolicyRound:
                 self.retry_in_s = first + window_s - now
                 return False
         else:
-            self.state.memory(self.name).first_pending = None
+            self.state.rounds.memory(self.name).first_pending = None
         paced_s = self.paced_s()
         if paced_s > 0:
             self.retry_in_s = paced_s
@@ -169,10 +175,10 @@ class PolicyRound:
 
     def paced_s(self) -> float:
         """How long until pacing lets this policy plan again (0: now)."""
-        last = self.state.memory(self.name).last_plan
+        last = self.state.rounds.memory(self.name).last_plan
         if last is None:
             return 0.0
-        pace_s = PACE_FACTOR * max(1, self.state.pending_policies()) * last.cost_s
+        pace_s = PACE_FACTOR * max(1, self.state.rounds.pending_policies()) * last.cost_s
         return max(0.0, last.at + pace_s - self.clock.monotonic())
 
     async def plan_and_apply(
@@ -189,7 +195,7 @@ class PolicyRound:
             aged_requests(scope.demand.requests, self.cluster.waiting, self.clock.now())
         )
         inputs = PlanInputs(scope.nodes, allocated, requests, policy.metadata.get("generation"))
-        memory = self.state.memory(self.name)
+        memory = self.state.rounds.memory(self.name)
         known = memory.plan
         if known is not None and known[0] == inputs:
             return RoundResult(planned=True, plan=known[1]), None
@@ -240,7 +246,7 @@ class PolicyRound:
             f"satisfies {last_plan.satisfied}, unsatisfied {last_plan.unsatisfied}"
         )
         if policy.spec.mode == "DryRun":
-            memory = self.state.memory(self.name)
+            memory = self.state.rounds.memory(self.name)
             if memory.dry_report != repr(targets):
                 memory.dry_report = repr(targets)
                 self.effects.event(self.body, "Normal", "DryRunPlan", message)
@@ -297,7 +303,7 @@ class PolicyRound:
 
     async def write_spec(self, name: str, spec: MigNodeSpec, plan_id: str) -> None:
         """Write MigNode `name`'s spec, and remember it until the watch shows it."""
-        self.state.written[name] = await self.effects.write_spec(name, spec)
+        self.state.watches.written[name] = await self.effects.write_spec(name, spec)
         self.state.hooks.record(JournalEntry("spec_written", name, detail=plan_id))
         self.log.info("mignode_spec_written", node=name, plan_id=plan_id)
 
@@ -319,7 +325,7 @@ class PolicyRound:
                 specs[name] = offer_spec(plan_id)
             elif offers and not self.offering:
                 spec = handed_back_spec(node, plan_id)
-                if spec is not None and made(node, self.state.offers.held(name)):
+                if spec is not None and made(node, self.state.offer.nodes.held(name)):
                     specs[name] = spec
                 else:
                     waiting = True
@@ -343,10 +349,10 @@ class PolicyRound:
         return True
 
     def offer_scope(self, policy: GpuPartitionPolicy, scope: Scope) -> bool:
-        """Tell `state.offers` which nodes publish offers: this policy's, where it offers
+        """Tell `state.offer.nodes` which nodes publish offers: this policy's, where it offers
         (`policy_offer`). Returns whether they do."""
-        offer = policy_offer(self.state, self.name, policy)
-        self.state.offers.assign(self.name, (node_name(n) for n in scope.nodes), offer)
+        offer = policy_offer(self.state.offer, self.name, policy)
+        self.state.offer.nodes.assign(self.name, (node_name(n) for n in scope.nodes), offer)
         return offer is not None
 
     def warn_unsatisfiable(self, claims: Iterable[tuple[Body, str]]) -> None:
@@ -354,9 +360,9 @@ class PolicyRound:
         for claim, reason in claims:
             meta = claim.get("metadata") or {}
             key = (str(meta.get("uid", body_key(claim))), claim_generation(claim))
-            if key in self.state.warned:
+            if key in self.state.rounds.warned:
                 continue
-            self.state.warned.add(key)
+            self.state.rounds.warned.add(key)
             self.effects.event(claim, "Warning", "Unsatisfiable", reason[:1000])
             self.log.warning("claim_unsatisfiable", claim=body_key(claim), reason=reason)
 
@@ -364,9 +370,9 @@ class PolicyRound:
         """Warning Event on each left-out MigNode, once per node and reason."""
         for name, why in excluded.items():
             key = (f"MigNode {name}: {why}", 0)
-            if key in self.state.warned:
+            if key in self.state.rounds.warned:
                 continue
-            self.state.warned.add(key)
+            self.state.rounds.warned.add(key)
             body = self.cluster.mignodes[name]
             self.effects.event(body, "Warning", "NodeExcluded", f"not planned: {why}"[:1000])
 
@@ -374,10 +380,10 @@ class PolicyRound:
         """The allocation mode in effect; a Warning Event once per generation when the policy
         asks for Offer and the API server does not serve it."""
         requested = policy.spec.allocation
-        resolved = resolve_allocation(requested, self.state.dra, self.state.offer_publishing)
+        resolved = resolve_allocation(requested, self.state.offer.dra, self.state.offer.publishing)
         key = (f"{uid_of(self.body)}/allocation", int(policy.metadata.get("generation") or 0))
-        if fell_back(requested, resolved) and key not in self.state.warned:
-            self.state.warned.add(key)
+        if fell_back(requested, resolved) and key not in self.state.rounds.warned:
+            self.state.rounds.warned.add(key)
             self.effects.event(self.body, "Warning", "OfferNotServed", resolved.reason[:1000])
             self.log.warning("offer_not_served", reason=resolved.reason)
         return acting(resolved, policy.spec.mode)
@@ -394,14 +400,14 @@ class PolicyRound:
             self.body,
             scope,
             last_plan,
-            self.state.memory(self.name).status,
+            self.state.rounds.memory(self.name).status,
             excluded,
             now=as_iso(self.clock.now()),
             allocation=self.allocation(policy),
         )
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         written = (uid_of(self.body), dumped)
-        last = self.state.memory(self.name).status
+        last = self.state.rounds.memory(self.name).status
         if last == written:
             return
         if last is not None and last[0] == written[0] and _observed(last[1]) > _observed(dumped):
@@ -409,26 +415,26 @@ class PolicyRound:
             # already (an invalid spec, by policy_changed): an older verdict must not hide it
             return
         await self.effects.write_status(self.name, status)
-        self.state.memory(self.name).status = written
+        self.state.rounds.memory(self.name).status = written
 
 
-def policy_offer(state: OperatorState, name: str, policy: GpuPartitionPolicy) -> NodeOffer | None:
+def policy_offer(offer: OfferState, name: str, policy: GpuPartitionPolicy) -> NodeOffer | None:
     """Why the nodes of policy `name` offer, where its mode in effect is Offer and it acts (a
     DryRun policy creates nothing, so offers nothing); None: reactive mode's slices."""
-    resolved = resolve_allocation(policy.spec.allocation, state.dra, state.offer_publishing)
+    resolved = resolve_allocation(policy.spec.allocation, offer.dra, offer.publishing)
     if acting(resolved, policy.spec.mode).mode != "Offer":
         return None
     return NodeOffer(name, policy.spec.policy_view())
 
 
-def assign_offers(state: OperatorState, cluster: Cluster) -> None:
-    """Tell `state.offers` which nodes offer under every valid policy of `cluster`, as each
+def assign_offers(scopes: ScopeCache, offer: OfferState, cluster: Cluster) -> None:
+    """Tell `offer.nodes` which nodes offer under every valid policy of `cluster`, as each
     policy's next round will (`PolicyRound.offer_scope`: the same nodes, the same view). A
     standby runs no round, so a new leader calls this on its synced view before it publishes
     anything (`handlers.take_over`): else it would publish an offering node's pool as reactive
     mode's slice, and write it again at its first round (two pool generations for nothing)."""
-    for name, policy in state.scopes.refresh(cluster).items():
-        state.offers.assign(name, state.scopes.nodes(name), policy_offer(state, name, policy))
+    for name, policy in scopes.refresh(cluster).items():
+        offer.nodes.assign(name, scopes.nodes(name), policy_offer(offer, name, policy))
 
 
 def _observed(status: Mapping[str, Any]) -> int:
@@ -440,10 +446,10 @@ async def report_invalid(
 ) -> str:
     """Write the ValidationError as the Ready condition; returns the message for kopf."""
     now = as_iso(state.clock.now())
-    status, message = invalid_status(body, error, state.memory(name).status, now)
+    status, message = invalid_status(body, error, state.rounds.memory(name).status, now)
     await state.effects.write_status(name, status)
     dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-    state.memory(name).status = (uid_of(body), dumped)
+    state.rounds.memory(name).status = (uid_of(body), dumped)
     return message
 
 

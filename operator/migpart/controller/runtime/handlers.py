@@ -40,7 +40,14 @@ from migpart.controller.rounds.reconcile import assign_offers, report_invalid
 from migpart.controller.rounds.scope import ScopeCache
 from migpart.controller.runtime.effects import KubeEffects
 from migpart.controller.runtime.metrics import Metrics
-from migpart.controller.runtime.state import Hooks, JournalEntry, OperatorState
+from migpart.controller.runtime.state import (
+    DestroyMemory,
+    Hooks,
+    JournalEntry,
+    OfferState,
+    OperatorState,
+    Running,
+)
 from migpart.controller.watching.bodies import parse_policy
 from migpart.controller.watching.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
 from migpart.controller.watching.indexes import (
@@ -172,13 +179,13 @@ async def startup(
         effects=effects.under(leadership.current()),
         clock=config.clock,
         scopes=scopes,
-        elector=elector,
+        running=Running(elector=elector),
         metrics=config.metrics,
         hooks=config.hooks,
         tick_s=config.tick_s,
-        withdraw_grace_s=config.withdraw_grace_s,
+        destroy=DestroyMemory(grace_s=config.withdraw_grace_s),
         health=health,
-        dra=await discover_dra_features(dry_run_create(api), config.clock),
+        offer=OfferState(dra=await discover_dra_features(dry_run_create(api), config.clock)),
     )
     memo.state = state
 
@@ -191,18 +198,19 @@ async def startup(
         )
 
     publisher.on_publish.append(published)
-    state.resync = asyncio.create_task(
+    state.running.resync = asyncio.create_task(
         resync_slices(state, config.slice_resync_s), name="slice-resync"
     )
     state.metrics.leader.set(1 if state.leading() else 0)
-    mignodes = MigNodeWatch(state, state.slices_listed)
-    slices = SliceWatch(publisher, state.slices_listed, mignodes.publish)
+    mignodes = MigNodeWatch(state, state.watches.slices_listed)
+    slices = SliceWatch(publisher, state.watches.slices_listed, mignodes.publish)
     watched = watched_indexes(state)
     offering = _wire_offers(state, config.offer_publishing, mignodes)
     watched["claims_index"] = HoldingIndex(offering, WATCHED["claims_index"].entry, state.wake_all)
-    state.watched = {**watched, "mignodes_index": mignodes}
-    state.indexes = Indexes.of(mignodes, watched)
-    state.tasks = [
+    state.watches.watched = watched
+    state.watches.mignodes = mignodes
+    state.watches.indexes = Indexes.of(mignodes, watched)
+    state.running.tasks = [
         asyncio.create_task(await_crds(api, config.served, config.clock), name="await-crds"),
         asyncio.create_task(watch_leases(api, config.lease_namespace, health), name="leases"),
         asyncio.create_task(follow_node_health(state), name="node-health"),
@@ -226,7 +234,7 @@ async def startup(
         lease_namespace=config.lease_namespace,
         lease_timeout_s=config.lease_timeout_s,
         registration_grace_s=config.registration_grace_s,
-        offer_served=state.dra.offer_served,
+        offer_served=state.offer.dra.offer_served,
         offer_publishing=config.offer_publishing,
     )
 
@@ -235,16 +243,16 @@ def _wire_offers(state: OperatorState, publishing: bool, mignodes: MigNodeWatch)
     """Offer mode (migpart.offer): with `publishing` the publisher asks `OfferingNodes.slices`
     what a node's pool holds (without it, reactive mode's `node_slices` for every node)."""
     publisher = state.publisher
-    state.offer_publishing = publishing
+    state.offer.publishing = publishing
 
     def recompute(node: str) -> None:
         publisher.invalidate(node)
         mignodes.publish(node)
 
-    state.offers = OfferingNodes(on_change=recompute, taints=state.dra.device_taints)
+    state.offer.nodes = OfferingNodes(on_change=recompute, taints=state.offer.dra.device_taints)
     if publishing:
-        publisher.slices = state.offers.slices
-    return state.offers
+        publisher.slices = state.offer.nodes.slices
+    return state.offer.nodes
 
 
 def _elector(config: OperatorConfig) -> ElectionThread | None:
@@ -275,7 +283,7 @@ def lead(state: OperatorState, term: Term | None) -> None:
     write is refused) and, on taking over, plan and publish at once."""
     state.effects = state.effects.under(term)
     # which nodes offer is known again once this term's take-over has said it
-    state.offers_known = False
+    state.offer.known = False
     state.metrics.leader.set(1 if term is not None else 0)
     state.metrics.leadership_changes.inc()
     if term is None:
@@ -286,11 +294,11 @@ def lead(state: OperatorState, term: Term | None) -> None:
 
 def _start_take_over(state: OperatorState) -> None:
     task = asyncio.create_task(take_over(state), name="take-over")
-    state.tasks.append(task)
+    state.running.tasks.append(task)
 
     def forget(done: asyncio.Task[None]) -> None:
-        if done in state.tasks:
-            state.tasks.remove(done)
+        if done in state.running.tasks:
+            state.running.tasks.remove(done)
 
     task.add_done_callback(forget)
 
@@ -303,11 +311,11 @@ async def take_over(state: OperatorState) -> None:
     else publishes a slice (`OperatorState.publishing`): a standby runs no round, so it would
     write reactive mode's slice over each offering node's pool, and its first round the pool
     again."""
-    await state.watched_synced()
-    await state.slices_listed.wait()
-    if state.offer_publishing:
-        assign_offers(state, cluster_now(state))
-    state.offers_known = True
+    await state.watches.synced()
+    await state.watches.slices_listed.wait()
+    if state.offer.publishing:
+        assign_offers(state.scopes, state.offer, cluster_now(state))
+    state.offer.known = True
     nodes = state.publisher.nodes()
     for name in nodes:
         if not state.leading():
@@ -344,12 +352,13 @@ async def cleanup(memo: Any, **_: Any) -> None:
     state = getattr(memo, "state", None)
     if state is not None:
         await state.workers.close()  # each loop finishes its round (10 s at most)
-        for task in [*state.tasks, *([state.resync] if state.resync is not None else [])]:
+        running = state.running
+        for task in [*running.tasks, *([running.resync] if running.resync is not None else [])]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if state.elector is not None:
-            await state.elector.stop()  # releases the Lease: a standby takes over at once
+        if running.elector is not None:
+            await running.elector.stop()  # releases the Lease: a standby takes over at once
         await state.api.close()
     log.info("operator_stopped")
 
@@ -449,7 +458,7 @@ async def policy_changed(type: str | None, name: str, body: kopf.Body, memo: Any
     state = state_of(memo)
     if type == "DELETED":
         state.workers.stop(name)
-        state.offers.drop(name)  # its nodes publish reactively again
+        state.offer.nodes.drop(name)  # its nodes publish reactively again
         return
     state.workers.ensure(name, functools.partial(plan_policy, state, name))
     try:

@@ -117,9 +117,9 @@ def cluster_from(indexes: Indexes) -> Cluster:
 def cluster_now(state: OperatorState) -> Cluster:
     """The cluster as the indexes hold it now, with the nodes the operator leaves alone (agent
     Lease expired, plugin not registered): what a round works on."""
-    assert state.indexes is not None  # set at startup, before any task reads it
+    assert state.watches.indexes is not None  # set at startup, before any task reads it
     unavailable = dict(state.health.unavailable())
-    return replace(cluster_from(state.indexes), unavailable=unavailable)
+    return replace(cluster_from(state.watches.indexes), unavailable=unavailable)
 
 
 def claim_entry(body: Body) -> dict[str, Any]:

@@ -121,7 +121,7 @@ class MigNodeWatch(Index):
     async def _repair(self, name: str, spec: MigNodeSpec) -> None:
         try:
             written = await self.state.effects.write_spec(name, spec)
-            self.state.written[name] = written
+            self.state.watches.written[name] = written
             log.warning("refused_spec_replaced", node=name, plan_id=spec.plan_id)
         except (ApiException, MigpartError, TimeoutError) as error:
             log.warning("refused_spec_not_replaced", node=name, error=str(error)[:300])
