@@ -4,15 +4,16 @@
 # pytest temp dir), and most of its time is spent waiting on its control plane and kubelets,
 # so two versions on two cores take far less than one after the other (docs/testing.md).
 # With OFFER_K8S_VERSION and OFFER_MODULES set (make test sets both, see the Makefile), only
-# those modules also run on that version, as a third part beside the two: offer mode on the
-# first version that serves it, without a third full suite (a SERIAL module listed there is
-# left out of it, as out of the full suites).
-# MIGPART_SUITES_SERIAL=1 runs them one after the other. The modules whose faults hang on
-# timing (SERIAL: the chaos harness freezes operators and agents against Lease timeouts) run
-# after that, one version at a time, on a machine not loaded by the other version: run beside
-# it they counted writes of a replica that had just taken over as non-leader writes. Each
-# part's output is printed whole when it ends, under a "== ..." line; the exit status is 1
-# when any part failed.
+# those modules also run on that version, as a part of its own: offer mode on the first
+# version that serves it, without a third full suite (a SERIAL module listed there is left
+# out of it, as out of the full suites).
+# The modules whose faults race Lease timeouts (SERIAL: the chaos harness freezes operators
+# and agents past their Leases) run as one part per version, never two of them at once: one
+# after the other in a lane of their own, after the offer part (the shortest), beside the
+# full suites. MIGPART_SUITES_TIMING_ALONE=1 runs them after everything else instead, alone
+# on the machine, one version at a time (how they ran until side-by-side runs showed them
+# clean); MIGPART_SUITES_SERIAL=1 runs every part one after the other. Each part's output is
+# printed whole when it ends, under a "== ..." line; the exit status is 1 when any part failed.
 #
 #   hack/suites.sh 1.34.4 1.37.2            (make test and make suites call it)
 #   PYTEST_ARGS="-x -k offer" hack/suites.sh 1.37.2
@@ -27,47 +28,69 @@ SERIAL=(tests/integration/test_chaos.py tests/e2e/test_leader_election.py)
 OFFER_K8S_VERSION=${OFFER_K8S_VERSION:-}
 read -ra OFFER_MODULES <<<"${OFFER_MODULES:-}"
 
-# The parts: a version's full suite is named by the version, the offer-mode modules "offer-V".
-parts=("$@")
+# The parts: a version's full suite is named by the version, the offer-mode modules "offer-V",
+# the timing-sensitive modules of a version "timing-V".
+offer=()
 if [ -n "$OFFER_K8S_VERSION" ] && [ ${#OFFER_MODULES[@]} -gt 0 ]; then
-    parts+=("offer-$OFFER_K8S_VERSION")
+    offer=("offer-$OFFER_K8S_VERSION")
 fi
+timing=()
+for v in "$@"; do timing+=("timing-$v"); done
+parts=("$@" "${offer[@]}" "${timing[@]}")
+
+# The lanes run side by side, each its parts one after the other (a lane is a
+# space-separated list of parts): a full suite each, and one lane for the offer part and then
+# the timing-sensitive ones (together about as long as the longest full suite).
+lanes=("$@")
+if [ "${MIGPART_SUITES_TIMING_ALONE:-0}" = 1 ]; then
+    last="${offer[*]}"
+else
+    last="${offer[*]} ${timing[*]}"
+fi
+last=${last# }
+[ -z "$last" ] || lanes+=("$last")
 
 run() {
     local part=$1 v=$1 paths=(tests/integration tests/e2e)
-    if [ "${part#offer-}" != "$part" ]; then
+    case $part in
+    offer-*)
         v=${part#offer-}
         paths=("${OFFER_MODULES[@]}")
+        ;;
+    timing-*)
+        v=${part#timing-}
+        paths=()
+        ;;
+    esac
+    if [ "${part#timing-}" != "$part" ]; then
+        paths=("${SERIAL[@]}")
+    else
+        for f in "${SERIAL[@]}"; do paths+=("--ignore=$f"); done
     fi
-    for f in "${SERIAL[@]}"; do paths+=("--ignore=$f"); done
     mkdir -p "$logs/$part"
+    local began=$SECONDS
     # shellcheck disable=SC2086
     MIGPART_K8S_VERSION=$v "$PY" -m pytest "${paths[@]}" \
         -p no:cacheprovider --basetemp="$logs/$part/t" ${PYTEST_ARGS:-} >"$logs/$part.log" 2>&1
     echo $? >"$logs/$part.rc"
-}
-
-run_serial() {
-    local v=$1 rc
-    mkdir -p "$logs/$v"
-    echo "== timing-sensitive modules on Kubernetes $v, alone"
-    # shellcheck disable=SC2086
-    MIGPART_K8S_VERSION=$v "$PY" -m pytest "${SERIAL[@]}" -p no:cacheprovider \
-        --basetemp="$logs/$v/s" ${PYTEST_ARGS:-}
-    rc=$?
-    [ "$rc" = 0 ] || status=1
+    echo $((SECONDS - began)) >"$logs/$part.s"
 }
 
 report() {
     local part=$1 rc
     rc=$(cat "$logs/$part.rc" 2>/dev/null || echo 1)
-    if [ "${part#offer-}" != "$part" ]; then
-        echo "== offer-mode modules on Kubernetes ${part#offer-}: ${OFFER_MODULES[*]} (exit $rc)"
-    else
-        echo "== integration and e2e on Kubernetes $part (exit $rc)"
-    fi
+    case $part in
+    offer-*) echo "== offer-mode modules on Kubernetes ${part#offer-}: ${OFFER_MODULES[*]} (exit $rc)" ;;
+    timing-*) echo "== timing-sensitive modules on Kubernetes ${part#timing-}: ${SERIAL[*]} (exit $rc)" ;;
+    *) echo "== integration and e2e on Kubernetes $part (exit $rc)" ;;
+    esac
     cat "$logs/$part.log"
     [ "$rc" = 0 ] || status=1
+}
+
+lane() {
+    local part
+    for part in $1; do run "$part"; done
 }
 
 started=$(date +%s)
@@ -75,21 +98,31 @@ if [ "${MIGPART_SUITES_SERIAL:-0}" = 1 ]; then
     for part in "${parts[@]}"; do run "$part"; report "$part"; done
 else
     pids=()
-    for part in "${parts[@]}"; do
-        run "$part" &
+    for l in "${lanes[@]}"; do
+        lane "$l" &
         pids+=($!)
     done
     # a line a minute, so that a CI log shows the run is alive
-    while [ "$(find "$logs" -maxdepth 1 -name '*.rc' | wc -l)" -lt ${#parts[@]} ]; do
-        sleep 60
+    alone=0
+    [ "${MIGPART_SUITES_TIMING_ALONE:-0}" = 1 ] && alone=${#timing[@]}
+    ticks=0
+    while [ "$(find "$logs" -maxdepth 1 -name '*.rc' | wc -l)" -lt $((${#parts[@]} - alone)) ]; do
+        sleep 5
+        ticks=$((ticks + 1))
+        [ $((ticks % 12)) = 0 ] || continue
         for part in "${parts[@]}"; do
-            [ -f "$logs/$part.rc" ] || echo "-- $part: $(grep -c '' "$logs/$part.log") lines of output so far"
+            [ -f "$logs/$part.log" ] && [ ! -f "$logs/$part.rc" ] &&
+                echo "-- $part: $(grep -c '' "$logs/$part.log") lines of output so far"
         done
     done
     wait "${pids[@]}"
+    if [ "$alone" -gt 0 ]; then
+        for part in "${timing[@]}"; do run "$part"; done
+    fi
     for part in "${parts[@]}"; do report "$part"; done
 fi
-for v in "$@"; do run_serial "$v"; done
-echo "== suites on ${parts[*]} took $(($(date +%s) - started)) s"
+echo "== suites on ${parts[*]} took $(($(date +%s) - started)) s ($(for part in "${parts[@]}"; do
+    printf '%s %s s; ' "$part" "$(cat "$logs/$part.s" 2>/dev/null || echo '?')"
+done | sed 's/; $//'))"
 rm -rf "$logs"
 exit $status

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from migpart.testbed.build import VERSION_ENV, TestbedBuildError, kube_version
+from tests.rest import close_readers
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -24,3 +25,9 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"testbed: Kubernetes v{kube_version()} (${VERSION_ENV} picks one)"
     except TestbedBuildError as exc:
         return f"testbed: {exc}"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The suites' API connections closed (tests/rest.py): a socket left to the garbage
+    collector is a ResourceWarning, an error here."""
+    close_readers()

@@ -27,6 +27,7 @@ from migpart.testbed.build import kube_version
 from migpart.testbed.kubelet import RUN_SECONDS_ENV
 from migpart.testing.builders import POOL_LABEL, ClaimBuilder, PodBuilder, PolicyBuilder
 from migpart.testing.invariants import DestroyedWhileAllocated
+from tests.rest import kubectl_get, kubectl_get_or_none, reader
 from tests.testbeds import running_testbed
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -89,7 +90,7 @@ class InvariantMonitor(threading.Thread):
 
     def __init__(self, testbed: Testbed) -> None:
         super().__init__(daemon=True)
-        self.testbed = testbed
+        self.api = reader(testbed)
         self.stop_event = threading.Event()
         self.ledger = DestroyedWhileAllocated(every_change=False)
 
@@ -98,15 +99,18 @@ class InvariantMonitor(threading.Thread):
         return [f"{v} destroyed while allocated" for v in self.ledger.violations]
 
     def run(self) -> None:
-        while not self.stop_event.wait(0.2):
-            self.check()
+        try:
+            while not self.stop_event.wait(0.2):
+                self.check()
+        finally:
+            self.api.close_thread()
 
     def check(self) -> None:
         # the nodes first: a claim released before a device went shows in the later list
-        nodes = json.loads(self.testbed.kubectl("get", "mignodes", "-o", "json"))
-        claims = json.loads(self.testbed.kubectl("get", "resourceclaims", "-A", "-o", "json"))
-        self.ledger.mignodes_listed(nodes["items"])
-        self.ledger.claims_listed(claims["items"])
+        nodes = self.api.mignodes()
+        claims = self.api.claims()
+        self.ledger.mignodes_listed(nodes)
+        self.ledger.claims_listed(claims)
 
 
 @dataclass
@@ -149,19 +153,20 @@ class Scenario:
         return self.pool
 
     def get(self, *args: str) -> Any:
-        return json.loads(self.tb.kubectl("get", *args, "-o", "json"))
+        """`kubectl get ARGS -o json`; the plain forms without a kubectl process (tests/rest.py)."""
+        return kubectl_get(self.tb, *args)
 
     def mignode(self, node: str) -> Any:
         return self.get("mignode", node)
 
     def mignodes(self, nodes: list[str]) -> dict[str, Any]:
         """These MigNodes from one LIST: one consistent moment, unlike a GET per node."""
-        items = json.loads(self.tb.kubectl("get", "mignodes", "-o", "json"))["items"]
+        items = self.get("mignodes")["items"]
         return {b["metadata"]["name"]: b for b in items if b["metadata"]["name"] in nodes}
 
     def gpus(self, node: str) -> list[Any]:
-        out = self.tb.kubectl("get", "mignode", node, "-o", "json", check=False)
-        return list((json.loads(out).get("status") or {}).get("gpus", [])) if out else []
+        body = kubectl_get_or_none(self.tb, "mignode", node)
+        return list((body.get("status") or {}).get("gpus", [])) if body else []
 
     def pod(
         self,
