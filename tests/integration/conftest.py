@@ -46,6 +46,7 @@ from migpart.testing.builders import (
     PolicyBuilder,
     profile_is,
 )
+from tests.rest import kubectl_get, kubectl_get_or_none
 from tests.testbeds import running_testbed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +86,7 @@ def events(bed: Testbed, name: str, namespace: str = "", reason: str = "") -> li
     of `reason` when one is given. Some control-plane Events name no object (an empty
     `involvedObject`): they are about none."""
     scope = ["-n", namespace] if namespace else ["-A"]
-    items = json.loads(bed.kubectl("get", "events", *scope, "-o", "json"))["items"]
+    items = get(bed, "events", *scope)["items"]
     return [
         e
         for e in items
@@ -95,8 +96,8 @@ def events(bed: Testbed, name: str, namespace: str = "", reason: str = "") -> li
 
 
 def get(bed: Testbed, *args: str) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(bed.kubectl("get", *args, "-o", "json"))
-    return out
+    """`kubectl get ARGS -o json`; the plain forms without a kubectl process (tests/rest.py)."""
+    return kubectl_get(bed, *args)
 
 
 def policy_status(bed: Testbed, name: str) -> dict[str, Any]:
@@ -123,8 +124,7 @@ def planned_spec(bed: Testbed, node: str) -> dict[str, Any]:
 
 
 def get_or_none(bed: Testbed, *args: str) -> dict[str, Any] | None:
-    out = bed.kubectl("get", *args, "-o", "json", "--ignore-not-found", check=False)
-    return json.loads(out) if out.strip() else None
+    return kubectl_get_or_none(bed, *args)
 
 
 def apply(bed: Testbed, body: dict[str, Any]) -> None:
