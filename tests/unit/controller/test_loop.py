@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,8 +15,9 @@ from migpart.controller.rounds import loop
 from migpart.controller.rounds.reconcile import PACE_FACTOR, PolicyRound
 from migpart.controller.runtime.state import OperatorState
 from migpart.controller.runtime.workers import Signals
+from migpart.kube.features import DraFeatures
 from migpart.testing.effects import InMemoryEffects
-from tests.unit.controller.factories import claim, one_gpu, world
+from tests.unit.controller.factories import claim, one_gpu, policy, world
 from tests.unit.controller.harness import clock_of, indexed, operator
 
 
@@ -123,5 +125,36 @@ async def test_after_a_plan_changes_wait_for_the_pace(rounds: Rounds) -> None:
         assert rounds.deferred == [False]
         rounds.ran.clear()
         clock.advance(paced_until - clock.monotonic())
+        await until(rounds.ran, task)
+        assert len(rounds.deferred) == 2
+
+
+async def test_an_offering_policys_rounds_are_paced_by_their_cost(
+    rounds: Rounds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An offering policy plans nothing, so no plan paces it: under a burst of claim events
+    each round would follow the last at once (at 1,000 nodes and hundreds of pending claims,
+    the operator's CPU beside kube-scheduler's). Its next round waits PACE_FACTOR x the last
+    round's cost on the operator's clock; a burst meanwhile runs none."""
+    nodes = {"a": one_gpu("a", 1)}
+    base = world(nodes, [claim("c1", "3g.40gb")])
+    body = policy("pa", "a", reconfiguration={"batchWindowSeconds": 0}, allocation="Offer")
+    cluster = dataclasses.replace(base, policies={"pa": body})
+    state = indexed(operator(InMemoryEffects(mignodes=dict(nodes))), cluster)
+    state.offer.dra = DraFeatures(True, True, "served: partitionable devices, device taints")
+    state.offer.publishing = True
+    clock = clock_of(state)
+    # every round costs 0.5 s of the process's time
+    ticks = iter(float(k) * 0.5 for k in range(1000))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(ticks))
+    signals = Signals()
+    async with planning(state, "pa", signals) as task:
+        await until(rounds.ran, task)
+        assert state.offer.nodes.offered("a")
+        assert await waiting(clock, task) == [pytest.approx(PACE_FACTOR * 0.5)]
+        await burst(state, signals)
+        assert len(rounds.deferred) == 1  # none per change
+        rounds.ran.clear()
+        clock.advance(PACE_FACTOR * 0.5)
         await until(rounds.ran, task)
         assert len(rounds.deferred) == 2

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import structlog
 
-from migpart.controller.rounds.reconcile import PolicyRound
+from migpart.controller.rounds.reconcile import PACE_FACTOR, PolicyRound
 from migpart.controller.runtime.errors import Outcome, survive
 from migpart.controller.runtime.state import OperatorState
 from migpart.controller.runtime.workers import Signals
@@ -28,7 +29,8 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
     retry delay, and every FULL_ROUND_S regardless; every round recomputes from the indexes
     (through the shared scope cache). While a plan is held back, changes do not bring the
     next round forward: it could not plan sooner, and it sees every change when it runs (under
-    a burst of pod events this is what keeps the rounds as few as the plans). Ends when
+    a burst of pod events this is what keeps the rounds as few as the plans); an offering
+    policy's round (which plans nothing) is paced the same way, by its own cost. Ends when
     stopped (the policy's DELETED event, or the operator's exit)."""
     wake, stopped = signals.wake, signals.stopped
     clock = state.clock
@@ -54,7 +56,9 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                 # an invalid policy is reported by policy_changed: wait for the next change
                 if body is not None and state.scopes.policy(name, body) is not None:
                     round_ = PolicyRound(state, name, body, cluster)
+                    began = time.perf_counter()
                     outcome = await survive(round_.run, state.tick_s)
+                    cost_s = time.perf_counter() - began
                     wait = outcome.wait
                     again = round_.deferred or outcome.failure is not None
                     if round_.deferred and outcome.failure is None:
@@ -63,6 +67,10 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                     elif outcome.failure is None and (paced_s := round_.paced_s()) > 0:
                         # it just planned: the next plan is paced, so is the next round
                         wait, held_back, again = paced_s, True, False
+                    elif outcome.failure is None and round_.offering:
+                        # an offering policy plans nothing, so no plan paces its rounds:
+                        # under a burst of claims each round would follow the last at once
+                        wait, held_back = max(PACE_FACTOR * cost_s, SETTLE_S), True
                     if outcome.failure is not None and round_.effects.leading():
                         report_failure(state, name, body, outcome, tell=outcome.failure != reported)
                     reported = outcome.failure
