@@ -26,7 +26,10 @@ from typing import Any
 
 from migpart.types import Body
 
-Placement = Mapping[str, Any]
+# Where one waiting pod may run (its node selector, affinity, tolerations), as
+# `pod_placement` reads it: not a MIG placement (a profile at a start on a GPU), which is what
+# "placement" means everywhere else in migpart.
+PodPlacement = Mapping[str, Any]
 
 _HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
@@ -112,7 +115,7 @@ def _tolerated(taint: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]
     return False
 
 
-def allows(placement: Placement, name: str, node: NodeFacts) -> bool:
+def allows(placement: PodPlacement, name: str, node: NodeFacts) -> bool:
     """Whether a pod with this placement may run on node `name`."""
     if placement.get("nodeName") and placement["nodeName"] != name:
         return False
@@ -131,7 +134,7 @@ def allows(placement: Placement, name: str, node: NodeFacts) -> bool:
 _NOT_PLACING = frozenset({"priority", "created"})
 
 
-def _unconstrained(placement: Placement) -> bool:
+def _unconstrained(placement: PodPlacement) -> bool:
     return not (
         placement.get("nodeName") or placement.get("nodeSelector") or placement.get("terms")
     )
@@ -148,7 +151,7 @@ class NodeFilter:
         )
         self._cache: dict[str, frozenset[str] | None] = {}
 
-    def allowed(self, placements: Iterable[Placement]) -> frozenset[str] | None:
+    def allowed(self, placements: Iterable[PodPlacement]) -> frozenset[str] | None:
         """The nodes every placement allows; None when they allow every node."""
         placements = list(placements)
         if not self.tainted and all(_unconstrained(p) for p in placements):

@@ -37,7 +37,7 @@ from migpart.api.models import GpuPartitionPolicy, MigNode
 from migpart.controller.rounds import screening
 from migpart.controller.watching.bodies import name_of, parse_policy, revision_of, strip, uid_of
 from migpart.kube.claims import body_key, pending_claims, prepared_claims
-from migpart.kube.placement import NodeFacts, NodeFilter, Placement
+from migpart.kube.placement import NodeFacts, NodeFilter, PodPlacement
 from migpart.kube.selectors import CEL
 from migpart.kube.snapshot import node_name
 from migpart.mig import ModelTable
@@ -57,7 +57,7 @@ class Cluster:
     policies: Mapping[str, Body]
     claims: Mapping[str, Body]
     # claim key -> the placements (kube.placement) of the waiting pods that use it
-    waiting: Mapping[str, tuple[Placement, ...]]
+    waiting: Mapping[str, tuple[PodPlacement, ...]]
     device_classes: Mapping[str, Body]
     # Node name -> labels and taints
     node_facts: Mapping[str, NodeFacts] = field(default_factory=dict)
@@ -132,7 +132,7 @@ class _Outcome:
 @dataclass(slots=True)
 class _ClaimEntry:
     revision: str
-    placements: tuple[Placement, ...]
+    placements: tuple[PodPlacement, ...]
     world: int
     outcome: _Outcome
 
@@ -356,7 +356,7 @@ class ScopeCache:
 
     # ------------------------------------------------------------------ claims
 
-    def outcome(self, claim: Body, placements: tuple[Placement, ...]) -> _Outcome:
+    def outcome(self, claim: Body, placements: tuple[PodPlacement, ...]) -> _Outcome:
         """The claim's outcome in the current world (`refresh`), computed only if something
         it depends on changed."""
         uid = uid_of(claim) or body_key(claim)
@@ -382,7 +382,7 @@ class ScopeCache:
         for uid in [u for u in self._claims if u not in keep]:
             del self._claims[uid]
 
-    def _compute(self, claim: Body, placements: tuple[Placement, ...]) -> _Outcome:
+    def _compute(self, claim: Body, placements: tuple[PodPlacement, ...]) -> _Outcome:
         # where the claim's pods may run: a policy with none of those nodes cannot serve it
         allowed = self._filter.allowed(placements)
         priority = max((int(p.get("priority") or 0) for p in placements), default=0)
