@@ -166,8 +166,9 @@ def unschedulable(bed: Testbed, pod: str, namespace: str) -> bool:
         conditions = (get(bed, "pod", pod, "-n", namespace).get("status") or {}).get(
             "conditions"
         ) or []
-        [scheduled] = [c for c in conditions if c["type"] == "PodScheduled"]
-        return scheduled["status"] == "False" and scheduled.get("reason") == "Unschedulable"
+        # no PodScheduled condition yet: the scheduler has not tried the pod
+        scheduled = next((c for c in conditions if c["type"] == "PodScheduled"), {})
+        return scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
 
     return bool(eventually(verdict))
 
