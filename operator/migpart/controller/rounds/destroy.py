@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -37,9 +37,15 @@ from migpart.api.models import MigNode
 from migpart.clock import Clock
 from migpart.controller.runtime.effects import Effects
 from migpart.controller.runtime.metrics import Metrics
-from migpart.controller.runtime.state import FRESH_S, Hooks, JournalEntry, Sighting
+from migpart.controller.runtime.state import (
+    FRESH_S,
+    DestroyMemory,
+    Hooks,
+    JournalEntry,
+    Sighting,
+)
 from migpart.controller.watching.bodies import uid_of
-from migpart.kube.claims import AllocatedDevices, body_key, is_allocated
+from migpart.kube.claims import body_key, is_allocated
 from migpart.kube.snapshot import node_name
 from migpart.mig import Instance
 from migpart.planning.model import GpuPlan
@@ -73,32 +79,28 @@ class DestroyProtocol:
     effects: Effects
     hooks: Hooks
     metrics: Metrics
-    # claim uid -> its allocation as a quorum read saw it (shared by every round)
-    sightings: dict[str, Sighting]
     clock: Clock
-    grace_s: float = 1.0
-    # the claim index's devices, kept across rounds
-    index: AllocatedDevices = field(default_factory=AllocatedDevices)
-    # nodes whose withdrawal belongs to a round still running (shared by every round)
-    active: set[str] = field(default_factory=set)
+    # what every round's protocol shares: the grace, the quorum reads' sightings, the claim
+    # index's devices, and the nodes whose withdrawal belongs to a round still running
+    memory: DestroyMemory
 
     @contextmanager
     def owning(self, nodes: Collection[str]) -> Iterator[None]:
         """While the block runs, withdrawals on `nodes` are this round's, not leftovers: from
         the first withdrawal until the specs that drop the devices are written."""
-        mine = set(nodes) - self.active
-        self.active.update(mine)
+        mine = set(nodes) - self.memory.withdrawing
+        self.memory.withdrawing.update(mine)
         try:
             yield
         finally:
-            self.active.difference_update(mine)
+            self.memory.withdrawing.difference_update(mine)
 
     async def restore_leftovers(self) -> None:
         """Devices still withdrawn at the start of a round, on a node no running round owns,
         belong to a round that failed before writing its spec: publish them again; this round
         withdraws anew if needed."""
         for name in self.effects.withdrawing():
-            if name in self.active:
+            if name in self.memory.withdrawing:
                 continue  # mid-protocol in another policy's round
             leftover = self.effects.withdrawn(name)
             if leftover:
@@ -108,19 +110,18 @@ class DestroyProtocol:
     def fresh(self, claims: Mapping[str, Body]) -> dict[str, Sighting]:
         """The sightings the claim index has not caught up with yet (those it has, and stale
         ones, are forgotten here)."""
-        if not self.sightings:
-            return self.sightings
+        sightings = self.memory.fresh_allocations
+        if not sightings:
+            return sightings
         caught_up = {uid_of(c) for c in claims.values() if is_allocated(c)}
         now = self.clock.monotonic()
-        for uid in [
-            u for u, s in self.sightings.items() if u in caught_up or now - s.seen > FRESH_S
-        ]:
-            del self.sightings[uid]
-        return self.sightings
+        for uid in [u for u, s in sightings.items() if u in caught_up or now - s.seen > FRESH_S]:
+            del sightings[uid]
+        return sightings
 
     def allocated(self, claims: Mapping[str, Body]) -> frozenset[DeviceId]:
         """Every device a claim holds: as the index shows, plus the sightings."""
-        indexed = self.index.of(claims)
+        indexed = self.memory.allocations.of(claims)
         return indexed.union(*(s.devices for s in self.fresh(claims).values()))
 
     def unseen_claims(self, claims: Mapping[str, Body]) -> frozenset[str]:
@@ -159,7 +160,7 @@ class DestroyProtocol:
             self.hooks.record(JournalEntry("withdrawn", name, devices, f"generation {generation}"))
             if self.hooks.after_withdraw is not None:
                 await self.hooks.after_withdraw(name, devices)
-        await self.clock.sleep(self.grace_s)
+        await self.clock.sleep(self.memory.grace_s)
         claims = await self.effects.read_claims()
         held: dict[str, dict[str, frozenset[DeviceId]]] = {}  # node -> claim uid -> devices
         for claim in claims:
@@ -173,7 +174,7 @@ class DestroyProtocol:
                 self.hooks.record(JournalEntry("confirmed", name, gone[name]))
                 continue
             for claim_uid, ids in held[name].items():
-                self.sightings[claim_uid] = Sighting(ids, now)
+                self.memory.fresh_allocations[claim_uid] = Sighting(ids, now)
             kept = frozenset(d.device for ids in held[name].values() for d in ids)
             await self.effects.restore(name, kept)
             self.metrics.destroy_aborted.inc(len(kept))

@@ -96,14 +96,7 @@ class PolicyRound:
         self.body = body
         self.cluster = with_own_writes(cluster, state.watches.written)
         self.destroy = DestroyProtocol(
-            state.effects,
-            state.hooks,
-            state.metrics,
-            state.destroy.fresh_allocations,
-            state.clock,
-            state.destroy.grace_s,
-            state.destroy.allocations,
-            state.destroy.withdrawing,
+            state.effects, state.hooks, state.metrics, state.clock, state.destroy
         )
         self.log = log.bind(policy=name)
         # set by run: this policy's nodes offer (migpart.offer)
