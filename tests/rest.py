@@ -19,16 +19,19 @@ import threading
 import time
 from typing import Any
 
+from migpart.api.models import GROUP, MIGNODE_PLURAL, POLICY_PLURAL, VERSION
 from migpart.testbed import Testbed, TestbedError
+
+_MIGPART = f"/apis/{GROUP}/{VERSION}"
 
 # kubectl's names for a resource -> (API path prefix, plural, namespaced, kind)
 _RESOURCES: dict[str, tuple[str, str, bool, str]] = {}
 for _names, _prefix, _plural, _namespaced, _kind in (
-    (("mignode", "mignodes", "mn"), "/apis/migpart.io/v1alpha1", "mignodes", False, "MigNode"),
+    (("mignode", "mignodes", "mn"), _MIGPART, MIGNODE_PLURAL, False, "MigNode"),
     (
         ("gpupartitionpolicy", "gpupartitionpolicies", "gpp"),
-        "/apis/migpart.io/v1alpha1",
-        "gpupartitionpolicies",
+        _MIGPART,
+        POLICY_PLURAL,
         False,
         "GpuPartitionPolicy",
     ),
@@ -131,7 +134,7 @@ class ApiReader:
             conn.close()
 
     def mignodes(self) -> list[Any]:
-        return list(self.get("/apis/migpart.io/v1alpha1/mignodes")["items"])
+        return list(self.get(f"{_MIGPART}/{MIGNODE_PLURAL}")["items"])
 
     def claims(self) -> list[Any]:
         """Every namespace's ResourceClaims."""
