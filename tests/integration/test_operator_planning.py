@@ -196,6 +196,6 @@ def test_under_shortage_the_higher_priority_pod_is_planned_first(
 
     instances = planned_spec(cluster, node)["gpus"][0]["instances"]
     assert instances == [{"profile": "7g.80gb", "start": 0}]
-    status = eventually(lambda: policy_status(cluster, "policy-prio")["lastPlan"])
+    status = eventually(lambda: policy_status(cluster, "policy-prio").get("lastPlan"))
     assert (status["satisfied"], status["unsatisfied"]) == (1, 1)
     cluster.kubectl("delete", "priorityclass", "migpart-test-high", "--ignore-not-found")

@@ -158,3 +158,38 @@ async def test_an_offering_policys_rounds_are_paced_by_their_cost(
         clock.advance(PACE_FACTOR * 0.5)
         await until(rounds.ran, task)
         assert len(rounds.deferred) == 2
+
+
+async def test_a_held_back_status_is_written_by_a_round_when_it_is_due(
+    rounds: Rounds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round that held back a status change (a new pending count within STATUS_INTERVAL_S
+    of the last write) says when it is due; the loop runs a round by then with no event, so
+    the latest count is written even when the burst that moved it has ended."""
+    nodes = {"a": one_gpu("a", 1)}
+    body = policy("pa", "a", allocation="Offer")
+    cluster = dataclasses.replace(world(nodes, [claim("c1", "3g.40gb")]), policies={"pa": body})
+    state = indexed(operator(InMemoryEffects(mignodes=dict(nodes))), cluster)
+    state.offer.dra = DraFeatures(True, True, "served: partitionable devices, device taints")
+    state.offer.publishing = True
+    clock = clock_of(state)
+    # every round costs 0.5 s of the process's time: the next is paced PACE_FACTOR x that
+    ticks = iter(float(k) * 0.5 for k in range(1000))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(ticks))
+    real_write = PolicyRound.write_status
+
+    async def holding_back(round_: PolicyRound, *args: Any) -> None:
+        await real_write(round_, *args)
+        if len(rounds.deferred) == 0:
+            round_.status_due_in_s = 0.7
+
+    monkeypatch.setattr(PolicyRound, "write_status", holding_back)
+    signals = Signals()
+    async with planning(state, "pa", signals) as task:
+        await until(rounds.ran, task)
+        assert await waiting(clock, task) == [pytest.approx(0.7)]
+        rounds.ran.clear()
+        clock.advance(0.7)
+        await until(rounds.ran, task)
+        assert len(rounds.deferred) == 2
+        assert await waiting(clock, task) == [pytest.approx(0.7 + PACE_FACTOR * 0.5)]

@@ -332,3 +332,37 @@ async def test_a_round_on_the_old_spec_does_not_hide_the_report_of_an_invalid_ne
     (_, status) = effects.statuses[0]
     ready = {c.type: c.status for c in status.conditions}
     assert ready["Ready"] == "False"
+
+
+async def test_a_pending_count_alone_is_written_at_most_every_status_interval() -> None:
+    """A burst of claims moves `pendingRequests` with every event: a change of the count alone
+    waits STATUS_INTERVAL_S after the last write (the round says when, and a round then writes
+    the latest count); any other change, here the Ready condition, is written at once."""
+    from migpart.controller.rounds.reconcile import STATUS_INTERVAL_S
+
+    nodes = {"a": one_gpu("a", 1)}
+    effects = InMemoryEffects(mignodes=dict(nodes))
+    state = operator(effects)
+    clock = clock_of(state)
+    claims = [claim("c1", "3g.40gb")]
+    await run(state, world(nodes, claims, batchWindowSeconds=60))
+    assert [s.pending_requests for _, s in effects.statuses] == [1]
+    clock.advance(0.5)
+    claims.append(claim("c2", "3g.40gb"))
+    round_ = await run(state, world(nodes, claims, batchWindowSeconds=60))
+    assert [s.pending_requests for _, s in effects.statuses] == [1]
+    assert round_.status_due_in_s == pytest.approx(STATUS_INTERVAL_S - 0.5)
+    claims.append(claim("c3", "3g.40gb"))
+    round_ = await run(state, world(nodes, claims, batchWindowSeconds=60))
+    assert len(effects.statuses) == 1
+    clock.advance(round_.status_due_in_s)
+    round_ = await run(state, world(nodes, claims, batchWindowSeconds=60))
+    assert [s.pending_requests for _, s in effects.statuses] == [1, 3]
+    assert round_.status_due_in_s == 0.0
+    # a claim no permitted profile can satisfy: the Ready condition changes, written at once
+    claims.append(claim("c4", "9g.999gb"))
+    await run(state, world(nodes, claims, batchWindowSeconds=60))
+    [*_, (_, last)] = effects.statuses
+    assert len(effects.statuses) == 3
+    ready = next(c for c in last.conditions if c.type == "Ready")
+    assert ready.reason == "Unsatisfiable"

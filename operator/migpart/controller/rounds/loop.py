@@ -71,6 +71,9 @@ async def plan_policy(state: OperatorState, name: str, signals: Signals) -> None
                         # an offering policy plans nothing, so no plan paces its rounds:
                         # under a burst of claims each round would follow the last at once
                         wait, held_back = max(PACE_FACTOR * cost_s, SETTLE_S), True
+                    if outcome.failure is None and round_.status_due_in_s > 0:
+                        # a status change held back (STATUS_INTERVAL_S): a round writes it then
+                        wait, again = min(wait, round_.status_due_in_s), True
                     if outcome.failure is not None and round_.effects.leading():
                         report_failure(state, name, body, outcome, tell=outcome.failure != reported)
                     reported = outcome.failure

@@ -72,6 +72,12 @@ SPEC_WRITES = 16
 # while a cheap plan (small clusters) is not held back noticeably.
 PACE_FACTOR = 4.0
 
+# A status whose only change is `pendingRequests` is written at most this often: under a burst
+# of claims the count moves with every event, and a patch per move (600 in an offering
+# policy's 600-pod burst) costs the API server and wakes every watcher of the policy. Any
+# other change (a condition, a plan, the mode) is written at once.
+STATUS_INTERVAL_S = 2.0
+
 
 @dataclass
 class RoundResult:
@@ -104,6 +110,9 @@ class PolicyRound:
         # set by run: a plan was held back (batch window open, or paced), until when (s)
         self.deferred = False
         self.retry_in_s = 0.0
+        # set by write_status: a change of the pending count alone waits this long (s) to be
+        # written (STATUS_INTERVAL_S); the loop runs a round again by then
+        self.status_due_in_s = 0.0
 
     def scope(self) -> Scope | None:
         claims = self.cluster.claims
@@ -400,15 +409,22 @@ class PolicyRound:
         )
         dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         written = (uid_of(self.body), dumped)
-        last = self.state.rounds.memory(self.name).status
+        memory = self.state.rounds.memory(self.name)
+        last = memory.status
         if last == written:
             return
         if last is not None and last[0] == written[0] and _observed(last[1]) > _observed(dumped):
             # the policy changed while this round ran, and its new generation was reported
             # already (an invalid spec, by policy_changed): an older verdict must not hide it
             return
+        now = self.clock.monotonic()
+        if last is not None and memory.status_at is not None and _count_only(last, written):
+            due_s = memory.status_at + STATUS_INTERVAL_S - now
+            if due_s > 0:
+                self.status_due_in_s = due_s
+                return
         await self.effects.write_status(self.name, status)
-        self.state.rounds.memory(self.name).status = written
+        memory.status, memory.status_at = written, now
 
 
 def policy_offer(offer: OfferState, name: str, policy: GpuPartitionPolicy) -> NodeOffer | None:
@@ -432,6 +448,15 @@ def assign_offers(scopes: ScopeCache, offer: OfferState, cluster: Cluster) -> No
 
 def _observed(status: Mapping[str, Any]) -> int:
     return int(status.get("observedGeneration") or 0)
+
+
+def _count_only(last: tuple[str, dict[str, Any]], written: tuple[str, dict[str, Any]]) -> bool:
+    """Whether two written statuses (uid, status) differ in `pendingRequests` alone."""
+
+    def rest(status: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in status.items() if k != "pendingRequests"}
+
+    return last[0] == written[0] and rest(last[1]) == rest(written[1])
 
 
 async def report_invalid(

@@ -113,6 +113,9 @@ class PolicyMemory:
     # (uid, the status last written): to write only changes, and to build the next status
     # from, since the watch may not have shown the last write yet
     status: tuple[str, dict[str, Any]] | None = None
+    # when (clock.monotonic) that status was written: a change of `pendingRequests` alone
+    # waits STATUS_INTERVAL_S after it (`PolicyRound.write_status`)
+    status_at: float | None = None
 
     def loop_stopped(self) -> None:
         """Its planning loop stopped: what only a running loop uses goes; the status written,
