@@ -121,12 +121,11 @@ e2e: venv proto tools testbed image
 gpu: venv proto
 	MIGPART_GPU=1 $(PY) -m pytest -m gpu tests/gpu tests/unit/agent
 
-# Unit tests once, then the integration and e2e suites on each Kubernetes version and the
-# offer-mode modules on OFFER_K8S_VERSION, all side by side (hack/suites.sh;
-# MIGPART_SUITES_SERIAL=1: one after the other).
+# The unit tests, then the integration and e2e suites on each Kubernetes version and the
+# offer-mode modules on OFFER_K8S_VERSION, side by side (hack/suites.sh: the unit tests run
+# first in the first version's lane; MIGPART_SUITES_SERIAL=1: every part one after the other).
 test: venv proto promtool tools testbed image
-	$(PY) -m pytest tests --ignore=tests/integration --ignore=tests/e2e
-	PY=$(PY) OFFER_K8S_VERSION="$(OFFER_K8S_VERSION)" OFFER_MODULES="$(OFFER_MODULES)" \
+	PY=$(PY) SUITES_UNIT=1 OFFER_K8S_VERSION="$(OFFER_K8S_VERSION)" OFFER_MODULES="$(OFFER_MODULES)" \
 		hack/suites.sh $(K8S_VERSIONS)
 
 bench: venv

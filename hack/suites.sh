@@ -14,6 +14,9 @@
 # on the machine, one version at a time (how they ran until side-by-side runs showed them
 # clean); MIGPART_SUITES_SERIAL=1 runs every part one after the other. Each part's output is
 # printed whole when it ends, under a "== ..." line; the exit status is 1 when any part failed.
+# With SUITES_UNIT=1 (make test) the unit tests are a part too, first in the first version's
+# lane (the shortest full suite): they need no control plane, and run while the other lanes'
+# testbeds start, instead of before every lane.
 #
 #   hack/suites.sh 1.34.4 1.37.2            (make test and make suites call it)
 #   PYTEST_ARGS="-x -k offer" hack/suites.sh 1.37.2
@@ -36,12 +39,15 @@ if [ -n "$OFFER_K8S_VERSION" ] && [ ${#OFFER_MODULES[@]} -gt 0 ]; then
 fi
 timing=()
 for v in "$@"; do timing+=("timing-$v"); done
-parts=("$@" "${offer[@]}" "${timing[@]}")
+unit=()
+[ "${SUITES_UNIT:-0}" = 1 ] && unit=(unit)
+parts=("${unit[@]}" "$@" "${offer[@]}" "${timing[@]}")
 
 # The lanes run side by side, each its parts one after the other (a lane is a
 # space-separated list of parts): a full suite each, and one lane for the offer part and then
 # the timing-sensitive ones (together about as long as the longest full suite).
 lanes=("$@")
+[ ${#unit[@]} -eq 0 ] || lanes[0]="unit ${lanes[0]:-}"
 if [ "${MIGPART_SUITES_TIMING_ALONE:-0}" = 1 ]; then
     last="${offer[*]}"
 else
@@ -61,6 +67,10 @@ run() {
         v=${part#timing-}
         paths=("${SERIAL[@]}")
         ;;
+    unit)
+        v=""
+        paths=(tests --ignore=tests/integration --ignore=tests/e2e)
+        ;;
     esac
     # the timing-sensitive modules run only in their own parts
     if [ "${part#timing-}" = "$part" ]; then
@@ -69,7 +79,7 @@ run() {
     mkdir -p "$logs/$part"
     local began=$SECONDS
     # shellcheck disable=SC2086
-    MIGPART_K8S_VERSION=$v "$PY" -m pytest "${paths[@]}" \
+    env ${v:+MIGPART_K8S_VERSION=$v} "$PY" -m pytest "${paths[@]}" \
         -p no:cacheprovider --basetemp="$logs/$part/t" ${PYTEST_ARGS:-} >"$logs/$part.log" 2>&1
     echo $? >"$logs/$part.rc"
     echo $((SECONDS - began)) >"$logs/$part.s"
@@ -81,6 +91,7 @@ report() {
     case $part in
     offer-*) echo "== offer-mode modules on Kubernetes ${part#offer-}: ${OFFER_MODULES[*]} (exit $rc)" ;;
     timing-*) echo "== timing-sensitive modules on Kubernetes ${part#timing-}: ${SERIAL[*]} (exit $rc)" ;;
+    unit) echo "== unit tests: tests without tests/integration and tests/e2e (exit $rc)" ;;
     *) echo "== integration and e2e on Kubernetes $part (exit $rc)" ;;
     esac
     cat "$logs/$part.log"
