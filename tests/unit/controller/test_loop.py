@@ -129,13 +129,17 @@ async def test_after_a_plan_changes_wait_for_the_pace(rounds: Rounds) -> None:
         assert len(rounds.deferred) == 2
 
 
+@pytest.mark.parametrize(
+    ("cost_s", "pace_s"), [(1.0, PACE_FACTOR * 1.0), (0.01, loop.OFFER_ROUND_S)]
+)
 async def test_an_offering_policys_rounds_are_paced_by_their_cost(
-    rounds: Rounds, monkeypatch: pytest.MonkeyPatch
+    rounds: Rounds, monkeypatch: pytest.MonkeyPatch, cost_s: float, pace_s: float
 ) -> None:
     """An offering policy plans nothing, so no plan paces it: under a burst of claim events
     each round would follow the last at once (at 1,000 nodes and hundreds of pending claims,
     the operator's CPU beside kube-scheduler's). Its next round waits PACE_FACTOR x the last
-    round's cost on the operator's clock; a burst meanwhile runs none."""
+    round's cost on the operator's clock, and at least OFFER_ROUND_S; a burst meanwhile runs
+    none."""
     nodes = {"a": one_gpu("a", 1)}
     base = world(nodes, [claim("c1", "3g.40gb")])
     body = policy("pa", "a", reconfiguration={"batchWindowSeconds": 0}, allocation="Offer")
@@ -144,18 +148,18 @@ async def test_an_offering_policys_rounds_are_paced_by_their_cost(
     state.offer.dra = DraFeatures(True, True, "served: partitionable devices, device taints")
     state.offer.publishing = True
     clock = clock_of(state)
-    # every round costs 0.5 s of the process's time
-    ticks = iter(float(k) * 0.5 for k in range(1000))
+    # every round costs cost_s of the process's time
+    ticks = iter(float(k) * cost_s for k in range(1000))
     monkeypatch.setattr(loop.time, "perf_counter", lambda: next(ticks))
     signals = Signals()
     async with planning(state, "pa", signals) as task:
         await until(rounds.ran, task)
         assert state.offer.nodes.offered("a")
-        assert await waiting(clock, task) == [pytest.approx(PACE_FACTOR * 0.5)]
+        assert await waiting(clock, task) == [pytest.approx(pace_s)]
         await burst(state, signals)
         assert len(rounds.deferred) == 1  # none per change
         rounds.ran.clear()
-        clock.advance(PACE_FACTOR * 0.5)
+        clock.advance(pace_s)
         await until(rounds.ran, task)
         assert len(rounds.deferred) == 2
 
@@ -173,8 +177,8 @@ async def test_a_held_back_status_is_written_by_a_round_when_it_is_due(
     state.offer.dra = DraFeatures(True, True, "served: partitionable devices, device taints")
     state.offer.publishing = True
     clock = clock_of(state)
-    # every round costs 0.5 s of the process's time: the next is paced PACE_FACTOR x that
-    ticks = iter(float(k) * 0.5 for k in range(1000))
+    # every round costs 1 s of the process's time: the next is paced PACE_FACTOR x that
+    ticks = iter(float(k) * 1.0 for k in range(1000))
     monkeypatch.setattr(loop.time, "perf_counter", lambda: next(ticks))
     real_write = PolicyRound.write_status
 
@@ -192,4 +196,4 @@ async def test_a_held_back_status_is_written_by_a_round_when_it_is_due(
         clock.advance(0.7)
         await until(rounds.ran, task)
         assert len(rounds.deferred) == 2
-        assert await waiting(clock, task) == [pytest.approx(0.7 + PACE_FACTOR * 0.5)]
+        assert await waiting(clock, task) == [pytest.approx(0.7 + PACE_FACTOR * 1.0)]
