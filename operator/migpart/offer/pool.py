@@ -45,6 +45,7 @@ from migpart.slices.content import (
     canonical,
     described,
     digest,
+    interned,
     mignode_owner,
     node_slices,
     slice_device,
@@ -129,12 +130,15 @@ def placement_device(
     for attribute in _INSTANCE_ATTRIBUTES:
         del device["attributes"][attribute]
     consumed = consumed_counters(profile, start)
-    device["consumesCounters"] = [
-        {
-            "counterSet": counter_set_name(gpu.index),
-            "counters": {name: {"value": str(n)} for name, n in sorted(consumed.items())},
-        }
-    ]
+    device["consumesCounters"] = interned(
+        ("consumesCounters", gpu.index, profile, start),
+        lambda: [
+            {
+                "counterSet": counter_set_name(gpu.index),
+                "counters": {name: {"value": str(n)} for name, n in sorted(consumed.items())},
+            }
+        ],
+    )
     if unusable:
         device["taints"] = [dict(UNUSABLE_TAINT)]
     return device
