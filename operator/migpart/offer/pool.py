@@ -129,13 +129,15 @@ def placement_device(
     device = slice_device(gpu.index, profile, start, gpu.model, gpu.uuid)
     for attribute in _INSTANCE_ATTRIBUTES:
         del device["attributes"][attribute]
-    consumed = consumed_counters(profile, start)
     device["consumesCounters"] = interned(
         ("consumesCounters", gpu.index, profile, start),
         lambda: [
             {
                 "counterSet": counter_set_name(gpu.index),
-                "counters": {name: {"value": str(n)} for name, n in sorted(consumed.items())},
+                "counters": {
+                    name: {"value": str(n)}
+                    for name, n in sorted(consumed_counters(profile, start).items())
+                },
             }
         ],
     )
