@@ -78,6 +78,7 @@ def test_status_change_publishes_slice_with_next_generation(
     # written by the operator: the pool is the node's, and the API server accepted it as is
     owner = second["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"]) == ("MigNode", node)
+
     # The journal entry is made once the write returns, which can be after this test reads it.
     def journalled() -> bool:
         publishes = [e for e in operator.steps(node) if e.step == "slice_published"]
