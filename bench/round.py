@@ -25,7 +25,8 @@ import time
 from typing import Any
 
 from migpart.api.models import MigNodeStatus
-from migpart.controller.rounds.scope import Cluster, ScopeCache
+from migpart.controller.rounds.scope import ScopeCache
+from migpart.controller.watching.indexes import Cluster
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import SnapshotCache
 from migpart.planning.planner import plan

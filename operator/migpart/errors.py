@@ -1,6 +1,6 @@
 """The small error vocabulary of migpart.
 
-Every layer raises one of these. On the operator side `migpart.controller.runtime.errors` decides in
+Every layer raises one of these. On the operator side `migpart.controller.core.errors` decides in
 one place what each means for a retry; the agent handles `GpuBusy` and `NvmlFailure` itself
 (they never reach the operator); the CLI maps them to exit codes.
 """

@@ -33,9 +33,9 @@ from migpart.api.models import (
     MigNodeStatus,
 )
 from migpart.clock import RealClock
+from migpart.controller.core.metrics import Metrics
+from migpart.controller.core.state import Hooks, JournalEntry, OperatorState
 from migpart.controller.runtime.handlers import OperatorConfig, operate
-from migpart.controller.runtime.metrics import Metrics
-from migpart.controller.runtime.state import Hooks, JournalEntry, OperatorState
 from migpart.slices.dra import DRIVER, micro_time
 from migpart.testbed import Testbed
 from migpart.testing import builders

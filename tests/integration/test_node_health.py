@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from migpart.controller.runtime.state import OperatorState
+from migpart.controller.core.state import OperatorState
 from migpart.testbed import Testbed
 from tests.integration.agent_processes import (
     AgentProcess,

@@ -16,8 +16,8 @@ from contextlib import AbstractContextManager
 
 import pytest
 
+from migpart.controller.core.state import OperatorState
 from migpart.controller.runtime.handlers import Election
-from migpart.controller.runtime.state import OperatorState
 from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from migpart.controller.runtime.state import OperatorState
+from migpart.controller.core.state import OperatorState
 from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.conftest import (

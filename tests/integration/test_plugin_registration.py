@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient
 from migpart.agent.app import AgentConfig, serve
 from migpart.agent.proto import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from migpart.agent.simulator import SimulatedNvml
-from migpart.controller.runtime.state import OperatorState
+from migpart.controller.core.state import OperatorState
 from migpart.slices.dra import DRIVER
 from migpart.testbed import Testbed
 from tests.integration.agent_processes import running_agent

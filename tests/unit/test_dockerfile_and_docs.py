@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from migpart.agent.metrics import AgentMetrics
-from migpart.controller.runtime.metrics import Metrics
+from migpart.controller.core.metrics import Metrics
 from tests.commands import DOCS, PARSERS, known_flags
 from tests.tools import ROOT
 

@@ -16,7 +16,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from migpart.agent.metrics import AgentMetrics
-from migpart.controller.runtime.metrics import Metrics
+from migpart.controller.core.metrics import Metrics
 from tests.promql import (
     DASHBOARD,
     RULES,

@@ -387,7 +387,7 @@ class LastPlan(_Model):
 
 MAX_LISTED_NODES = 64
 UnavailableReason = Literal["NotOptedIn", "PublisherOverlap", "LeaseExpired", "PluginNotRegistered"]
-"""Why the operator leaves a node alone (`controller/watching/health.py`): the node lacks the
+"""Why the operator leaves a node alone (`controller/core/health.py`): the node lacks the
 opt-in label (`--node-selector`), another publisher offers its GPUs (the agent's `PublisherOverlap`
 condition), its agent's Lease expired, or kubelet has not registered the DRA plugin."""
 

@@ -25,9 +25,9 @@ from migpart.api.leases import LEASE_DURATION_S, LEASE_NAMESPACE
 from migpart.api.selectors import DEFAULT_NODE_SELECTOR, LabelSelector, parse_node_selector
 from migpart.clock import RealClock
 from migpart.commands.options import Parser, log_level, port
+from migpart.controller.core.health import REGISTRATION_GRACE_S, await_crds, serve
+from migpart.controller.core.metrics import Metrics
 from migpart.controller.runtime.handlers import Election, OperatorConfig, operate
-from migpart.controller.runtime.metrics import Metrics
-from migpart.controller.watching.health import REGISTRATION_GRACE_S, await_crds, serve
 from migpart.kube.client import KubeconfigError, api_client, load_configuration
 from migpart.kube.election import RENEW_DEADLINE_S, RETRY_PERIOD_S, new_identity
 from migpart.kube.election_lease import DEFAULT_NAMESPACE, LEASE_NAME
@@ -224,7 +224,7 @@ def _positive_seconds(text: str) -> float:
 
 
 class _Memo(kopf.Memo):
-    """The memo that startup fills in (see migpart.controller.runtime.state)."""
+    """The memo that startup fills in (see migpart.controller.core.state)."""
 
 
 async def run(args: argparse.Namespace) -> None:

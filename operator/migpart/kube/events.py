@@ -1,7 +1,7 @@
 """The Events the operator posts, one create each.
 
 Every Event of the operator's decisions goes through the Effects port
-(`controller.runtime.effects.KubeEffects.event`), which posts it here: one path, whether the round
+(`controller.core.effects.KubeEffects.event`), which posts it here: one path, whether the round
 runs in a kopf handler's task or not (`kopf.event` works only there; the offer relay runs from
 the claim watch, which kopf does not drive). They carry `reportingComponent: migpart`, as the
 Events kopf itself posts do (`settings.posting.reporting_component`), so that

@@ -4,7 +4,7 @@
 One list+watch of migpart's Leases (a label selector, in one namespace) for the whole cluster:
 at 1,000 nodes renewing every 10 s that is 100 small events a second, which cost the operator
 a dict update each and never a planning round. What a renewal means (fresh or stale) is
-decided by `controller.watching.health.NodeHealth`, which this feeds through `LeaseSink`.
+decided by `controller.core.health.NodeHealth`, which this feeds through `LeaseSink`.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ class SlicePublisher:
     async def publish(self, name: str, fence: Fence = None) -> Published:
         """Write the slices of node `name` if their content changed (generation + 1). `fence`
         is called right before each request that writes, and raises to stop it (the
-        operator's leadership: controller/runtime/effects.py)."""
+        operator's leadership: controller/core/effects.py)."""
         async with self._lock(name):
             node = self._nodes.get(name)
             if node is None:

@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import Condition, GpuPartitionPolicyStatus, MigNodeSpec
-from migpart.controller.runtime.effects import FencedPort, stamped
+from migpart.controller.core.effects import FencedPort, stamped
 from migpart.kube.election import Leadership, Term, Unelected
 from migpart.kube.slice_publisher import Published
 from migpart.types import Body

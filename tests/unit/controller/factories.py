@@ -9,9 +9,10 @@ import yaml
 
 from migpart.api.models import FailedInstance, GpuStatus, MigNode, MigNodeSpec, MigNodeStatus
 from migpart.clock import ManualClock
-from migpart.controller.rounds.scope import Cluster
-from migpart.controller.runtime.state import OperatorState
-from migpart.controller.watching.health import NodeHealth
+from migpart.controller.core.health import NodeHealth
+from migpart.controller.core.state import OperatorState
+from migpart.controller.rounds.scope import ScopeCache
+from migpart.controller.watching.indexes import Cluster
 from migpart.kube.placement import NodeFacts
 from migpart.slices.dra import DRIVER
 from migpart.testing.builders import ClaimBuilder, MigNodeBuilder, PolicyBuilder, profile_is
@@ -69,6 +70,7 @@ def offline_state(effects: Any, publisher: Any = None) -> OperatorState:
         effects=effects,
         clock=clock,
         health=NodeHealth(clock),
+        scopes=ScopeCache(),
     )
     state.watches.slices_listed.set()  # no slice watch: nothing to wait for
     return state

@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from migpart.clock import ManualClock
+from migpart.controller.core.state import OperatorState
 from migpart.controller.rounds.reconcile import PolicyRound
-from migpart.controller.rounds.scope import Cluster
-from migpart.controller.runtime.state import OperatorState
-from migpart.controller.watching.indexes import Indexes
+from migpart.controller.watching.indexes import Cluster, Indexes
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import offline_state
 

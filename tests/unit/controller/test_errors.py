@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from migpart.controller.runtime.errors import (
+from migpart.controller.core.errors import (
     API_DELAY_S,
     PERMANENT_RETRY_S,
     STALE_DELAY_S,

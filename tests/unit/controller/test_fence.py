@@ -10,10 +10,10 @@ from typing import Any, cast
 import pytest
 
 from migpart.api.models import MigNode
-from migpart.controller.rounds.decisions import refused_spec_repair
+from migpart.controller.core.decisions import refused_spec_repair
+from migpart.controller.core.state import OperatorState
 from migpart.controller.rounds.reconcile import PolicyRound
 from migpart.controller.runtime import handlers
-from migpart.controller.runtime.state import OperatorState
 from migpart.errors import NotLeader
 from migpart.kube.election import LeaderElector, Unelected
 from migpart.kube.slice_publisher import SlicePublisher

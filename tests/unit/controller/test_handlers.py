@@ -1,4 +1,4 @@
-"""The kopf handlers' own writes go through the Effects port (controller/runtime/effects.py)."""
+"""The kopf handlers' own writes go through the Effects port (controller/core/effects.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import cast
 import kopf
 import pytest
 
+from migpart.controller.core.workers import Signals
 from migpart.controller.runtime import handlers
-from migpart.controller.runtime.workers import Signals
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import policy
 from tests.unit.controller.harness import clock_of, operator

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from migpart.clock import ManualClock
+from migpart.controller.core.state import OperatorState
+from migpart.controller.core.workers import Signals
 from migpart.controller.rounds import loop
 from migpart.controller.rounds.reconcile import PACE_FACTOR, PolicyRound
-from migpart.controller.runtime.state import OperatorState
-from migpart.controller.runtime.workers import Signals
 from migpart.kube.features import DraFeatures
 from migpart.testing.effects import InMemoryEffects
 from tests.unit.controller.factories import claim, one_gpu, policy, world

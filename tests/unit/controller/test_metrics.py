@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from migpart.controller.runtime.metrics import Metrics
+from migpart.controller.core.metrics import Metrics
 
 
 def exposed(metrics: Metrics, policy: str) -> set[str]:

@@ -10,9 +10,9 @@ from typing import Any, cast
 from migpart.api.models import Condition, KubeletPluginStatus, MigNode
 from migpart.api.selectors import DEFAULT_NODE_SELECTOR, MANAGED_LABEL, parse_node_selector
 from migpart.clock import ManualClock
+from migpart.controller.core.health import NodeHealth
 from migpart.controller.rounds.reconcile import PolicyRound
-from migpart.controller.rounds.scope import Cluster
-from migpart.controller.watching.health import NodeHealth
+from migpart.controller.watching.indexes import Cluster
 from migpart.kube.leases import stale_conditions
 from migpart.kube.placement import NodeFacts
 from migpart.slices.dra import DRIVER

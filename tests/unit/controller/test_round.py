@@ -8,8 +8,7 @@ import pytest
 
 from migpart.api.models import MigNode
 from migpart.controller.rounds.reconcile import PolicyRound
-from migpart.controller.rounds.scope import Cluster
-from migpart.controller.watching.indexes import with_own_writes
+from migpart.controller.watching.indexes import Cluster, with_own_writes
 from migpart.kube.placement import NodeFacts
 from migpart.kube.snapshot import reconfiguring
 from migpart.planning.model import Plan
@@ -152,8 +151,8 @@ async def test_the_same_inputs_are_not_planned_twice(monkeypatch: Any) -> None:
 async def test_busy_policies_share_one_planning_budget() -> None:
     """Pacing: a policy plans again PACE_FACTOR x its last plan's cost later, times the number
     of policies with pending requests, so that planning CPU does not grow with policies."""
+    from migpart.controller.core.state import PlanTiming
     from migpart.controller.rounds.reconcile import PACE_FACTOR
-    from migpart.controller.runtime.state import PlanTiming
 
     nodes = {"a": one_gpu("a", 1)}
     state = operator(InMemoryEffects(mignodes=dict(nodes)))
@@ -309,8 +308,8 @@ async def test_a_round_on_the_old_spec_does_not_hide_the_report_of_an_invalid_ne
     so nothing would correct it until the next edit."""
     from pydantic import ValidationError
 
+    from migpart.controller.core.bodies import parse_policy
     from migpart.controller.rounds.reconcile import report_invalid
-    from migpart.controller.watching.bodies import parse_policy
 
     nodes = {"a": one_gpu("a", 1, ("7g.80gb", 0, "Free"))}  # the round destroys it
     effects = InMemoryEffects(mignodes=dict(nodes))

@@ -6,7 +6,8 @@ from dataclasses import replace
 from typing import Any
 
 from migpart.api.models import MigInstanceStatus, MigNode, MigNodeStatus
-from migpart.controller.rounds.scope import Cluster, ScopeCache
+from migpart.controller.rounds.scope import ScopeCache
+from migpart.controller.watching.indexes import Cluster
 from migpart.kube.placement import NodeFacts
 from migpart.slices.dra import DRIVER
 from tests.unit.controller.factories import DEVICE_CLASS, claim, mignode, placement, policy

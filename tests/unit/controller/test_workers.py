@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from migpart.controller.runtime.workers import Signals, Workers
+from migpart.controller.core.workers import Signals, Workers
 
 
 @dataclass

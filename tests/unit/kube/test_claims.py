@@ -9,10 +9,11 @@ import yaml
 
 from migpart.api.models import GROUP, VERSION, MigInstanceStatus, MigNode, MigNodeStatus
 from migpart.clock import ManualClock
+from migpart.controller.core.health import NodeHealth
+from migpart.controller.core.state import FRESH_S, OperatorState, Sighting
 from migpart.controller.rounds.reconcile import PolicyRound
-from migpart.controller.rounds.scope import Cluster, ScopeCache
-from migpart.controller.runtime.state import FRESH_S, OperatorState, Sighting
-from migpart.controller.watching.health import NodeHealth
+from migpart.controller.rounds.scope import ScopeCache
+from migpart.controller.watching.indexes import Cluster
 from migpart.kube.claims import (
     AllocatedDevices,
     pending_claims,
@@ -150,6 +151,7 @@ def test_quorum_read_sightings_are_forgotten_once_indexed_or_stale() -> None:
         effects=InMemoryEffects(),
         clock=clock,
         health=NodeHealth(clock),
+        scopes=ScopeCache(),
     )
     now, long_ago = clock.monotonic(), 0.0
     lagging_device = DeviceId("n1", "gpu-0-1g10gb-0")

@@ -9,7 +9,7 @@ import pytest
 
 from migpart.api.models import AllocationMode
 from migpart.controller.rounds.reconcile import PolicyRound
-from migpart.controller.rounds.scope import Cluster
+from migpart.controller.watching.indexes import Cluster
 from migpart.kube.features import DraFeatures
 from migpart.kube.placement import NodeFacts
 from migpart.offer.mode import DRY_RUN, NOT_PUBLISHING, fell_back, resolve_allocation

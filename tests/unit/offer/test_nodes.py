@@ -8,9 +8,8 @@ import dataclasses
 from typing import Any
 
 from migpart.api.models import MigNode, MigNodeSpec
-from migpart.controller.rounds.decisions import offer_spec, refused_spec_repair
-from migpart.controller.rounds.scope import Cluster
-from migpart.controller.watching.indexes import with_own_writes
+from migpart.controller.core.decisions import offer_spec, refused_spec_repair
+from migpart.controller.watching.indexes import Cluster, with_own_writes
 from migpart.kube.features import DraFeatures
 from migpart.offer.nodes import NodeOffer, OfferingNodes
 from migpart.offer.pool import node_gpus

@@ -35,16 +35,16 @@ import structlog
 
 from migpart.api.models import MigNode
 from migpart.clock import Clock
-from migpart.controller.runtime.effects import Effects
-from migpart.controller.runtime.metrics import Metrics
-from migpart.controller.runtime.state import (
+from migpart.controller.core.bodies import uid_of
+from migpart.controller.core.effects import Effects
+from migpart.controller.core.metrics import Metrics
+from migpart.controller.core.state import (
     FRESH_S,
     DestroyMemory,
     Hooks,
     JournalEntry,
     Sighting,
 )
-from migpart.controller.watching.bodies import uid_of
 from migpart.kube.claims import body_key, is_allocated
 from migpart.kube.snapshot import node_name
 from migpart.mig import Instance

@@ -8,10 +8,10 @@ from typing import Any
 
 import structlog
 
+from migpart.controller.core.errors import Outcome, survive
+from migpart.controller.core.state import OperatorState
+from migpart.controller.core.workers import Signals
 from migpart.controller.rounds.reconcile import PACE_FACTOR, STATUS_INTERVAL_S, PolicyRound
-from migpart.controller.runtime.errors import Outcome, survive
-from migpart.controller.runtime.state import OperatorState
-from migpart.controller.runtime.workers import Signals
 from migpart.controller.watching.indexes import cluster_now
 
 log = structlog.get_logger(__name__)

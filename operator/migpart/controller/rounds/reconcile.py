@@ -34,20 +34,20 @@ from migpart.api.models import (
     MigNode,
     MigNodeSpec,
 )
-from migpart.controller.rounds import screening
-from migpart.controller.rounds.decisions import handed_back_spec, node_spec, offer_spec
-from migpart.controller.rounds.destroy import DestroyProtocol, Redo
-from migpart.controller.rounds.scope import Cluster, PolicyDemand, Scope, ScopeCache
-from migpart.controller.rounds.status import invalid_status, round_status
-from migpart.controller.runtime.state import (
+from migpart.controller.core.bodies import uid_of
+from migpart.controller.core.decisions import handed_back_spec, node_spec, offer_spec
+from migpart.controller.core.state import (
     JournalEntry,
     OfferState,
     OperatorState,
     PlanInputs,
     PlanTiming,
 )
-from migpart.controller.watching.bodies import uid_of
-from migpart.controller.watching.indexes import with_own_writes
+from migpart.controller.rounds import screening
+from migpart.controller.rounds.destroy import DestroyProtocol, Redo
+from migpart.controller.rounds.scope import PolicyDemand, Scope, ScopeCache
+from migpart.controller.rounds.status import invalid_status, round_status
+from migpart.controller.watching.indexes import Cluster, with_own_writes
 from migpart.kube.claims import body_key, claim_generation
 from migpart.kube.snapshot import node_name, reconfiguring
 from migpart.mig import device_name
@@ -92,7 +92,7 @@ class RoundResult:
 class PolicyRound:
     """One round for one policy; `run` is the whole thing, the steps are methods so that the
     protocol reads top-down. Every effect goes through `state.effects`
-    (controller/runtime/effects.py)."""
+    (controller/core/effects.py)."""
 
     def __init__(self, state: OperatorState, name: str, body: Body, cluster: Cluster) -> None:
         self.state = state

@@ -34,8 +34,9 @@ import structlog
 from pydantic import ValidationError
 
 from migpart.api.models import GpuPartitionPolicy, MigNode
+from migpart.controller.core.bodies import name_of, parse_policy, revision_of, strip, uid_of
 from migpart.controller.rounds import screening
-from migpart.controller.watching.bodies import name_of, parse_policy, revision_of, strip, uid_of
+from migpart.controller.watching.indexes import Cluster
 from migpart.kube.claims import body_key, pending_claims, prepared_claims
 from migpart.kube.placement import NodeFacts, NodeFilter, PodPlacement
 from migpart.kube.selectors import CEL
@@ -46,23 +47,6 @@ from migpart.planning.model import Request
 from migpart.types import Body
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """What the indexes hold at the start of a round (plain bodies)."""
-
-    mignodes: Mapping[str, Body]
-    node_labels: Mapping[str, Mapping[str, str]]
-    policies: Mapping[str, Body]
-    claims: Mapping[str, Body]
-    # claim key -> the placements (kube.placement) of the waiting pods that use it
-    waiting: Mapping[str, tuple[PodPlacement, ...]]
-    device_classes: Mapping[str, Body]
-    # Node name -> labels and taints
-    node_facts: Mapping[str, NodeFacts] = field(default_factory=dict)
-    # MigNode name -> why the operator leaves it alone (controller.watching.health.NodeHealth)
-    unavailable: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -193,6 +177,11 @@ class ScopeCache:
         view = self._view(body)
         self._nodes[name] = (revision, view)
         return view
+
+    def parsed(self, name: str, body: Body) -> MigNode | None:
+        """The MigNode parsed (None if invalid), once per resourceVersion (`node`)."""
+        view = self.node(name, body)
+        return view.node if view is not None else None
 
     def _view(self, body: Body) -> NodeView | None:
         name = name_of(body)

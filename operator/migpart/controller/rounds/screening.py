@@ -33,7 +33,8 @@ from migpart.mig import Instance, ModelTable, layout_problems
 
 if TYPE_CHECKING:
     from migpart.api.models import GpuPartitionPolicy
-    from migpart.controller.rounds.scope import Cluster, Scope
+    from migpart.controller.rounds.scope import Scope
+    from migpart.controller.watching.indexes import Cluster
     from migpart.planning.model import Request
 
 # A status with more of these than a node can have is not read further (a huge status).

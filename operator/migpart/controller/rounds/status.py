@@ -19,8 +19,8 @@ from migpart.api.models import (
     UnavailableNode,
     condition_of,
 )
+from migpart.controller.core.bodies import uid_of
 from migpart.controller.rounds.scope import Scope
-from migpart.controller.watching.bodies import uid_of
 from migpart.types import Body
 
 # (policy uid, the status as written)

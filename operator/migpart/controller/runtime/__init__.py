@@ -1,9 +1,5 @@
-"""What the operator's process runs on, around its watches and rounds.
+"""The operator's process: kopf's handlers and the lifecycle (start-up, take-over, cleanup).
 
-- `handlers.py`: kopf wiring and the lifecycle (startup, take-over, cleanup).
-- `workers.py`: one long-running loop per policy, started and stopped by the operator.
-- `state.py`: the in-memory state the handlers share, in the parts functions take.
-- `effects.py`: the port every write goes through, and its leadership fence.
-- `errors.py`: what an error means for a retry.
-- `metrics.py`: the operator's Prometheus metrics.
+- `handlers.py`: kopf wiring; it makes the state (`core.state`), starts the watches
+  (`watching/`) and the planning loops (`rounds/`), and stops them.
 """

@@ -35,12 +35,11 @@ from migpart.api.models import (
 )
 from migpart.api.selectors import DEFAULT_NODE_SELECTOR, LabelSelector, parse_node_selector
 from migpart.clock import Clock
-from migpart.controller.rounds.loop import plan_policy
-from migpart.controller.rounds.reconcile import assign_offers, report_invalid
-from migpart.controller.rounds.scope import ScopeCache
-from migpart.controller.runtime.effects import KubeEffects
-from migpart.controller.runtime.metrics import Metrics
-from migpart.controller.runtime.state import (
+from migpart.controller.core.bodies import parse_policy
+from migpart.controller.core.effects import KubeEffects
+from migpart.controller.core.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
+from migpart.controller.core.metrics import Metrics
+from migpart.controller.core.state import (
     DestroyMemory,
     Hooks,
     JournalEntry,
@@ -48,8 +47,9 @@ from migpart.controller.runtime.state import (
     OperatorState,
     Running,
 )
-from migpart.controller.watching.bodies import parse_policy
-from migpart.controller.watching.health import REGISTRATION_GRACE_S, NodeHealth, await_crds
+from migpart.controller.rounds.loop import plan_policy
+from migpart.controller.rounds.reconcile import assign_offers, report_invalid
+from migpart.controller.rounds.scope import ScopeCache
 from migpart.controller.watching.indexes import (
     WATCHED,
     Indexes,

@@ -4,7 +4,4 @@ A round reads these, never the API server; they wake the planning loops when the
 
 - `indexes.py`: the watched indexes (`WATCHED`) and the `Cluster` value a round reads.
 - `mignodes.py`: the MigNode watch and, per node, one slice write at a time.
-- `bodies.py`: the few readings every part of the controller makes of a plain body.
-- `health.py`: the nodes' health (Lease, plugin registration, opt-in) and the operator's
-  own endpoints.
 """

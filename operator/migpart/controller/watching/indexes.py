@@ -21,11 +21,10 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
 from migpart.api.models import GROUP, POLICY_PLURAL, VERSION
-from migpart.controller.rounds.scope import Cluster
-from migpart.controller.runtime.state import OperatorState
-from migpart.controller.watching.bodies import name_of
+from migpart.controller.core.bodies import name_of
+from migpart.controller.core.state import OperatorState
 from migpart.kube.claims import claim_key, pod_claim_keys, pod_waiting
-from migpart.kube.placement import NodeFacts, node_facts, pod_placement
+from migpart.kube.placement import NodeFacts, PodPlacement, node_facts, pod_placement
 from migpart.kube.watch import (
     Index,
     ListCall,
@@ -73,6 +72,23 @@ class _Labels(Mapping[str, Mapping[str, str]]):
 
     def __len__(self) -> int:
         return len(self._facts)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the indexes hold at the start of a round (plain bodies): the value a round reads."""
+
+    mignodes: Mapping[str, Body]
+    node_labels: Mapping[str, Mapping[str, str]]
+    policies: Mapping[str, Body]
+    claims: Mapping[str, Body]
+    # claim key -> the placements (kube.placement) of the waiting pods that use it
+    waiting: Mapping[str, tuple[PodPlacement, ...]]
+    device_classes: Mapping[str, Body]
+    # Node name -> labels and taints
+    node_facts: Mapping[str, NodeFacts] = field(default_factory=dict)
+    # MigNode name -> why the operator leaves it alone (controller.core.health.NodeHealth)
+    unavailable: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from migpart.api.models import (
     condition_of,
     condition_status,
 )
-from migpart.controller.rounds.decisions import refused_spec_repair
-from migpart.controller.runtime.state import OperatorState
-from migpart.controller.watching.bodies import name_of
+from migpart.controller.core.bodies import name_of
+from migpart.controller.core.decisions import refused_spec_repair
+from migpart.controller.core.state import OperatorState
 from migpart.controller.watching.indexes import object_entry
 from migpart.errors import MigpartError
 from migpart.kube.leases import STALE

@@ -20,11 +20,10 @@ from kubernetes_asyncio.client import ApiClient
 
 from migpart.api.models import MigNode
 from migpart.clock import Clock
-from migpart.controller.rounds.scope import ScopeCache
-from migpart.controller.runtime.effects import Effects
-from migpart.controller.runtime.metrics import Metrics
-from migpart.controller.runtime.workers import Workers
-from migpart.controller.watching.health import NodeHealth, StaleMarks
+from migpart.controller.core.effects import Effects
+from migpart.controller.core.health import NodeHealth, StaleMarks
+from migpart.controller.core.metrics import Metrics
+from migpart.controller.core.workers import Workers
 from migpart.kube.claims import AllocatedDevices
 from migpart.kube.client import Credentials
 from migpart.kube.election_thread import ElectionThread
@@ -37,6 +36,9 @@ from migpart.planning.model import Plan, Request
 from migpart.slices.dra import DeviceId
 
 if TYPE_CHECKING:
+    # Types only: OperatorState names the parts the upper layers keep in it (the scope cache,
+    # the watches), which the operator's start-up makes (runtime.handlers.startup).
+    from migpart.controller.rounds.scope import ScopeCache
     from migpart.controller.watching.indexes import Indexes
     from migpart.controller.watching.mignodes import MigNodeWatch
 
@@ -226,13 +228,14 @@ class OperatorState:
     clock: Clock
     # which nodes are unavailable (agent Lease expired, plugin not registered), on that clock
     health: NodeHealth
+    # parsed objects and per-claim outcomes, shared by every policy's rounds and the MigNode
+    # watch (rounds/scope.py)
+    scopes: ScopeCache
     metrics: Metrics = field(default_factory=Metrics)
     hooks: Hooks = field(default_factory=Hooks)
     tick_s: float = 1.0
     # bumped on every change the indexes see: a loop skips a round when nothing changed
     changes: int = 0
-    # parsed objects and per-claim outcomes, shared by every policy's rounds (scope.py)
-    scopes: ScopeCache = field(default_factory=ScopeCache)
     # one planning loop per policy (loop.plan_policy)
     workers: Workers = field(default_factory=Workers)
     # the Stale condition of nodes whose agent stopped renewing its Lease

@@ -32,8 +32,7 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from migpart.api.models import Condition, GpuPartitionPolicyStatus, MigNode, MigNodeSpec
-from migpart.controller.rounds.scope import ScopeCache
-from migpart.controller.watching.bodies import strip
+from migpart.controller.core.bodies import strip
 from migpart.errors import NotLeader
 from migpart.kube.claims import list_claims_quorum
 from migpart.kube.election import Leadership, Term, Unelected
@@ -50,6 +49,13 @@ log = structlog.get_logger(__name__)
 
 # Events being posted (KubeEffects.event): kept until done
 _POSTING: set[asyncio.Task[None]] = set()
+
+
+class ParsedNodes(Protocol):
+    """Where a written MigNode is parsed once (`rounds.scope.ScopeCache.parsed`), so that the
+    watch event that follows finds it parsed."""
+
+    def parsed(self, name: str, body: Body) -> MigNode | None: ...
 
 
 class Effects(Protocol):
@@ -154,7 +160,7 @@ class KubeEffects(FencedPort):
     api: Any  # kubernetes_asyncio ApiClient
     publisher: SlicePublisher
     # parses the written MigNode once for the publisher and the watch event that follows
-    scopes: ScopeCache = field(default_factory=ScopeCache)
+    scopes: ParsedNodes
     leadership: Leadership = field(default_factory=Unelected)
     term: Term | None = None
     # writes refused by the fence (a metric)
@@ -197,8 +203,8 @@ class KubeEffects(FencedPort):
         written = await patch_mignode_spec(
             self.api, node, stamped(spec, self.term), resource_version
         )
-        view = self.scopes.node(node, written)
-        self.publisher.observe(view.node if view else MigNode.model_validate(strip(written)))
+        parsed = self.scopes.parsed(node, written)
+        self.publisher.observe(parsed or MigNode.model_validate(strip(written)))
         return written
 
     async def write_status(self, policy: str, status: GpuPartitionPolicyStatus) -> None:
