@@ -112,7 +112,10 @@ class Chaos:
                 if track.started is None and node:
                     await self.kubelet.start_pod(pod)
                     track.started = now
-                    self.c.served.add(pod.metadata.name)
+                    # a pod the claim-delete fault chose while this start was under way counts
+                    # in neither the served nor the total
+                    if pod.metadata.name not in self.deleted:
+                        self.c.served.add(pod.metadata.name)
                 elif track.started is not None and now - track.started >= track.trace.duration_s:
                     key = f"{NAMESPACE}/{pod.metadata.name}"
                     claims = self.kubelet.prepared.get(key)
@@ -295,6 +298,7 @@ class Chaos:
             name = self.rng.choice(pending)
             self.deleted.add(name)
             self.c.total.discard(name)
+            self.c.served.discard(name)
             await self.core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
             self.c.notes.append(f"claim-delete {name}")
         elif kind == "second-writer":
