@@ -9,11 +9,11 @@
 # out of it, as out of the full suites).
 # The modules whose faults race Lease timeouts (SERIAL: the chaos harness freezes operators
 # and agents past their Leases) run as one part per version, never two of them at once: one
-# after the other in a lane of their own, beside the full suites and the offer part.
-# MIGPART_SUITES_TIMING_ALONE=1 runs them after everything else instead, alone on the
-# machine, one version at a time (how they ran until side-by-side runs showed them clean);
-# MIGPART_SUITES_SERIAL=1 runs every part one after the other. Each part's output is printed
-# whole when it ends, under a "== ..." line; the exit status is 1 when any part failed.
+# after the other in a lane of their own, after the offer part (the shortest), beside the
+# full suites. MIGPART_SUITES_TIMING_ALONE=1 runs them after everything else instead, alone
+# on the machine, one version at a time (how they ran until side-by-side runs showed them
+# clean); MIGPART_SUITES_SERIAL=1 runs every part one after the other. Each part's output is
+# printed whole when it ends, under a "== ..." line; the exit status is 1 when any part failed.
 # With SUITES_UNIT=1 (make test) the unit tests are a part too, first in the first version's
 # lane (the shortest full suite): they need no control plane, and run while the other lanes'
 # testbeds start, instead of before every lane.
@@ -47,12 +47,17 @@ unit=()
 parts=("${unit[@]}" "$@" "${offer[@]}" "${timing[@]}")
 
 # The lanes run side by side, each its parts one after the other (a lane is a
-# space-separated list of parts): a full suite each, the offer part (the shortest), and the
-# timing-sensitive parts one after the other (together shorter than the longest full suite).
+# space-separated list of parts): a full suite each, and one lane for the offer part and then
+# the timing-sensitive ones (together about as long as the longest full suite).
 lanes=("$@")
 [ ${#unit[@]} -eq 0 ] || lanes[0]="unit ${lanes[0]:-}"
-[ ${#offer[@]} -eq 0 ] || lanes+=("${offer[*]}")
-[ "${MIGPART_SUITES_TIMING_ALONE:-0}" = 1 ] || [ ${#timing[@]} -eq 0 ] || lanes+=("${timing[*]}")
+if [ "${MIGPART_SUITES_TIMING_ALONE:-0}" = 1 ]; then
+    last="${offer[*]}"
+else
+    last="${offer[*]} ${timing[*]}"
+fi
+last=${last# }
+[ -z "$last" ] || lanes+=("$last")
 
 run() {
     local part=$1 v=$1 paths=(tests/integration tests/e2e)
