@@ -298,7 +298,6 @@ class Chaos:
             name = self.rng.choice(pending)
             self.deleted.add(name)
             self.c.total.discard(name)
-            self.c.served.discard(name)
             await self.core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
             self.c.notes.append(f"claim-delete {name}")
         elif kind == "second-writer":
